@@ -1,0 +1,51 @@
+# Two entry points: `make test` and `make demo`. Both set up everything on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Caches live outside the repository, keyed by version: pip downloads, Go binaries (see box/ddpjob_box/toolchain.py).
+export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
+export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
+PYTEST_ARGS ?=
+
+.PHONY: setup venv tools system-packages test lint demo bench clean-venv
+
+setup: venv system-packages tools
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
+	@touch $@
+
+# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces.
+system-packages:
+	@missing=""; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v unshare >/dev/null || missing="$$missing util-linux"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+tools: venv
+	$(PY) -m ddpjob_box.toolchain
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m ddpjob_box.demo
+
+bench: setup
+	$(PY) -m bench.run_all
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,158 @@
+"""Builds the real control-plane binaries from the Go module proxy, cached by version.
+
+The Go modules under tools/ pin every version. The binaries land in
+``$DDPJOB_CACHE/bin/<key>/`` (default ``~/.cache/ddpjob``), where the key names
+the versions, so a second run builds nothing and a version bump builds afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpjob_box.errors import BoxError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOOLS_DIR = REPO_ROOT / "tools"
+MIN_GO = (1, 24)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
+
+
+@dataclass(frozen=True)
+class GoBuild:
+    """One Go module under tools/ and the commands it builds."""
+
+    module_dir: str
+    key: str
+    packages: dict[str, str]
+    ldflags: str = "-s -w"
+
+    def bin_dir(self) -> Path:
+        return cache_dir() / "bin" / self.key
+
+
+def _required_version(module_dir: str, module: str) -> str:
+    text = (TOOLS_DIR / module_dir / "go.mod").read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", text, re.MULTILINE)
+    if not match:
+        raise BoxError(f"tools/{module_dir}/go.mod does not require {module}; restore it from git")
+    return match.group(1)
+
+
+def kubernetes_build() -> GoBuild:
+    k8s = _required_version("k8s", "k8s.io/kubernetes")
+    etcd = _required_version("k8s", "go.etcd.io/etcd/server/v3")
+    major, minor = k8s.lstrip("v").split(".")[:2]
+    version_pkg = "k8s.io/component-base/version"
+    return GoBuild(
+        module_dir="k8s",
+        key=f"k8s-{k8s}-etcd-{etcd}",
+        packages={
+            "etcd": "go.etcd.io/etcd/server/v3",
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        },
+        # Without these, /version reports v0.0.0 and kubectl warns about skew.
+        ldflags=(
+            f"-s -w -X {version_pkg}.gitVersion={k8s} -X {version_pkg}.gitMajor={major}"
+            f" -X {version_pkg}.gitMinor={minor} -X {version_pkg}.gitTreeState=clean"
+        ),
+    )
+
+
+def helm_build() -> GoBuild:
+    helm = _required_version("helm", "helm.sh/helm/v3")
+    return GoBuild(
+        module_dir="helm",
+        key=f"helm-{helm}",
+        packages={"helm": "helm.sh/helm/v3/cmd/helm"},
+        ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version={helm}",
+    )
+
+
+def _go() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        raise BoxError(
+            "the Go toolchain is missing: install Go >= %d.%d (apt-get install golang, or go.dev/dl) "
+            "and put 'go' on PATH" % MIN_GO
+        )
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout
+    match = re.match(r"go(\d+)\.(\d+)", out.strip())
+    if match and (int(match.group(1)), int(match.group(2))) < MIN_GO:
+        raise BoxError(f"{out.strip()} is too old to build Kubernetes: install Go >= %d.%d" % MIN_GO)
+    return go
+
+
+def _explain_go_failure(name: str, stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "no output"
+    download = re.search(r"(?:reading|downloading|fetch|proxy|dial tcp|no such host|410 Gone|404)", stderr)
+    if download:
+        return (
+            f"building {name} failed while downloading Go modules ({last.strip()}); check that the Go "
+            "module proxy is reachable (GOPROXY, network) and retry 'make tools'"
+        )
+    return f"building {name} failed: {last.strip()}; full output above, fix it and retry 'make tools'"
+
+
+def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
+    """Return the path of each binary, building the missing ones once."""
+    bin_dir = build.bin_dir()
+    paths = {name: bin_dir / name for name in build.packages}
+    missing = {name: pkg for name, pkg in build.packages.items() if not paths[name].exists()}
+    if not missing:
+        return paths
+    go = _go()
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    staging = bin_dir / ".staging"
+    staging.mkdir(exist_ok=True)
+    if not quiet:
+        print(f"building {', '.join(missing)} into {bin_dir} (cold builds take several minutes)", flush=True)
+    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
+    cmd = [go, "build", "-trimpath", "-ldflags", build.ldflags, "-o", str(staging) + "/", *missing.values()]
+    proc = subprocess.run(cmd, cwd=TOOLS_DIR / build.module_dir, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-4000:])
+        raise BoxError(_explain_go_failure(", ".join(missing), proc.stderr))
+    for name, pkg in missing.items():
+        built = staging / pkg.rstrip("/").split("/")[-1]
+        if not built.exists() and name == "etcd":
+            built = staging / "v3"  # go names the etcd main package after its module's last element
+        # rename is atomic: a killed build never leaves a half-written binary under its final name
+        built.rename(paths[name])
+    staging.rmdir()
+    return paths
+
+
+def find_prometheus() -> Path:
+    path = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not Path(path).exists():
+        raise BoxError("prometheus is missing: run 'apt-get install -y prometheus' (or 'make setup')")
+    return Path(path)
+
+
+def main() -> None:
+    """Build everything the box needs: ``python -m ddpjob_box.toolchain``."""
+    import sys
+
+    try:
+        for build in (kubernetes_build(), helm_build()):
+            paths = ensure(build)
+            print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
+    except BoxError as err:
+        print(f"ddpjob: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
