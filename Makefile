@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
 export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
 PYTEST_ARGS ?=
+# The Go toolchain's usual home, for shells that do not have it on PATH.
+export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: setup venv tools system-packages test lint demo bench clean-venv
 

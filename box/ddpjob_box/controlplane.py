@@ -71,6 +71,8 @@ class ControlPlane:
     apiserver_port: int | None = None
     reset: bool = False
     extra_ips: tuple[str, ...] = ()
+    # Extra flags per component name, appended last so they override the defaults.
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
 
@@ -94,7 +96,9 @@ class ControlPlane:
         self.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -110,9 +114,17 @@ class ControlPlane:
 
     def _start(self, bins: dict[str, Path]) -> None:
         pki = self.data_dir / "pki"
-        make_pki(pki, ips=["127.0.0.1", "10.0.0.1", *self.extra_ips],
-                 dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                      "kubernetes.default.svc.cluster.local"])
+        make_pki(
+            pki,
+            ips=["127.0.0.1", "10.0.0.1", *self.extra_ips],
+            dns=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+        )
         tokens = {
             "admin": (self.admin_token, "box-admin", "system:masters"),
             "kcm": (os.urandom(16).hex(), "system:kube-controller-manager", ""),
@@ -127,56 +139,99 @@ class ControlPlane:
         shutil.copy(self.data_dir / "admin.kubeconfig", self.kubeconfig)
 
         etcd_port, peer_port = free_port(), free_port()
-        etcd = self._component("etcd", [
-            str(bins["etcd"]), "--name=box", f"--data-dir={self.data_dir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=box=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync", "--log-level=warn",
-        ])
-        wait_until("etcd /health", lambda: b'"health":"true"' in _get(f"http://127.0.0.1:{etcd_port}/health"),
-                   60, watch=[etcd])
+        etcd = self._component(
+            "etcd",
+            [
+                str(bins["etcd"]),
+                "--name=box",
+                f"--data-dir={self.data_dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=box=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        wait_until(
+            "etcd /health",
+            lambda: b'"health":"true"' in _get(f"http://127.0.0.1:{etcd_port}/health"),
+            60,
+            watch=[etcd],
+        )
 
-        apiserver = self._component("kube-apiserver", [
-            str(bins["kube-apiserver"]), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={self.data_dir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
-            "--endpoint-reconciler-type=none", f"--cert-dir={pki}",
-        ])
+        apiserver = self._component(
+            "kube-apiserver",
+            [
+                str(bins["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--token-auth-file={self.data_dir / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={pki}",
+            ],
+        )
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         readyz = f"{self.server}/readyz"
-        wait_until("kube-apiserver /readyz", lambda: _get(readyz, ctx, self.admin_token) == b"ok", 120,
-                   watch=[etcd, apiserver])
+        wait_until(
+            "kube-apiserver /readyz",
+            lambda: _get(readyz, ctx, self.admin_token) == b"ok",
+            120,
+            watch=[etcd, apiserver],
+        )
 
         for name, extra in (
-            ("kube-controller-manager", [
-                f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-                "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
-            ]),
+            (
+                "kube-controller-manager",
+                [
+                    f"--service-account-private-key-file={pki / 'sa.key'}",
+                    f"--root-ca-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-key-file={pki / 'ca.key'}",
+                    "--use-service-account-credentials=true",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                ],
+            ),
             ("kube-scheduler", []),
         ):
             short = "kcm" if name == "kube-controller-manager" else "scheduler"
             kubeconfig = self.data_dir / f"{short}.kubeconfig"
-            self._component(name, [
-                str(bins[name]), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}", *extra,
-            ])
+            self._component(
+                name,
+                [
+                    str(bins[name]),
+                    f"--kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}",
+                    f"--authorization-kubeconfig={kubeconfig}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                    *extra,
+                ],
+            )
         # The serviceaccount controller making default/default proves the controller manager works end to end.
         sa_url = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
-        wait_until("the default ServiceAccount from kube-controller-manager",
-                   lambda: b'"name":"default"' in _get(sa_url, ctx, self.admin_token), 120, watch=self.components)
+        wait_until(
+            "the default ServiceAccount from kube-controller-manager",
+            lambda: b'"name":"default"' in _get(sa_url, ctx, self.admin_token),
+            120,
+            watch=self.components,
+        )
 
     def _component(self, name: str, argv: list[str]) -> Component:
+        argv = [*argv, *self.extra_args.get(name, [])]
         component = Component(name, argv, self.logs_dir / f"{name}.log")
         component.start()
         self.components.append(component)
@@ -184,11 +239,23 @@ class ControlPlane:
 
     def _write_kubeconfig(self, path: Path, token: str) -> None:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "box", "preferences": {},
-            "clusters": [{"name": "box", "cluster": {
-                "server": self.server, "certificate-authority": str(self.data_dir / "pki" / "ca.crt")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "box",
+            "preferences": {},
+            "clusters": [
+                {
+                    "name": "box",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.data_dir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
             "users": [{"name": "box", "user": {"token": token}}],
-            "contexts": [{"name": "box", "context": {"cluster": "box", "user": "box", "namespace": "default"}}],
+            "contexts": [
+                {"name": "box", "context": {"cluster": "box", "user": "box", "namespace": "default"}}
+            ],
         }
         path.write_text(json.dumps(config, indent=2) + "\n")
         path.chmod(0o600)
@@ -196,9 +263,9 @@ class ControlPlane:
     def log_tails(self, lines: int = 25) -> str:
         return "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path, lines)}" for c in self.components)
 
-    def check_alive(self) -> None:
+    def check_alive(self, when: str = "during startup") -> None:
         for component in self.components:
-            component.check_alive()
+            component.check_alive(when)
 
     def stop(self) -> None:
         for component in reversed(self.components):
@@ -220,5 +287,5 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, token: str | None = None) 
 def wait_forever(plane: ControlPlane) -> None:
     """Block until a component dies (raising BoxError) or the process is interrupted."""
     while True:
-        plane.check_alive()
+        plane.check_alive("while running")
         time.sleep(1)

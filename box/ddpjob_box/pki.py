@@ -19,19 +19,60 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
-    """Write ca.{crt,key}, a serving cert apiserver.{crt,key} and the service-account key pair sa.{key,pub}."""
+    """Write ca.{crt,key}, the serving cert apiserver.{crt,key} and the service-account keys sa.{key,pub}."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("genrsa", "-out", "ca.key", "2048", cwd=directory)
-    _openssl("req", "-x509", "-new", "-key", "ca.key", "-days", "30", "-subj", "/CN=ddpjob-box-ca",
-             "-out", "ca.crt", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=ddpjob-box-ca",
+        "-out",
+        "ca.crt",
+        cwd=directory,
+    )
     san = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{name}" for name in dns)])
     (directory / "san.cnf").write_text(
-        "[ext]\nsubjectAltName=" + san + "\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "[ext]\nsubjectAltName="
+        + san
+        + "\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
     )
     _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=directory)
-    _openssl("req", "-new", "-key", "apiserver.key", "-subj", "/CN=kube-apiserver", "-out", "apiserver.csr",
-             cwd=directory)
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "30", "-extfile", "san.cnf", "-extensions", "ext", "-out", "apiserver.crt", cwd=directory)
+    _openssl(
+        "req",
+        "-new",
+        "-key",
+        "apiserver.key",
+        "-subj",
+        "/CN=kube-apiserver",
+        "-out",
+        "apiserver.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        "san.cnf",
+        "-extensions",
+        "ext",
+        "-out",
+        "apiserver.crt",
+        cwd=directory,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)

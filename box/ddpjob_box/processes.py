@@ -64,11 +64,11 @@ class Component:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def check_alive(self) -> None:
+    def check_alive(self, when: str = "during startup") -> None:
         """Raise a one-line error, followed by the log tail, if the process has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise BoxError(
-                f"{self.name} exited with code {self.proc.returncode} during startup; "
+                f"{self.name} exited with code {self.proc.returncode} {when}; "
                 f"its log ({self.log_path}) ends with:\n{tail(self.log_path)}"
             )
 
@@ -84,7 +84,9 @@ class Component:
             proc.wait()
 
 
-def wait_until(predicate_desc: str, predicate: object, timeout: float, *, watch: Sequence[Component] = ()) -> None:
+def wait_until(
+    predicate_desc: str, predicate: object, timeout: float, *, watch: Sequence[Component] = ()
+) -> None:
     """Poll ``predicate`` until true; fail early if a watched component dies."""
     assert callable(predicate)
     deadline = time.monotonic() + timeout

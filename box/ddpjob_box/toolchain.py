@@ -80,11 +80,12 @@ def helm_build() -> GoBuild:
 
 
 def _go() -> str:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    go = shutil.which("go")
     if go is None:
+        need = "%d.%d" % MIN_GO  # noqa: UP031
         raise BoxError(
-            "the Go toolchain is missing: install Go >= %d.%d (apt-get install golang, or go.dev/dl) "
-            "and put 'go' on PATH" % MIN_GO
+            f"the Go toolchain is missing: install Go >= {need} (apt-get install golang, or go.dev/dl) "
+            "and put 'go' on PATH"
         )
     out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout
     match = re.match(r"go(\d+)\.(\d+)", out.strip())
@@ -96,7 +97,10 @@ def _go() -> str:
 def _explain_go_failure(name: str, stderr: str) -> str:
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else "no output"
-    download = re.search(r"(?:reading|downloading|fetch|proxy|dial tcp|no such host|410 Gone|404)", stderr)
+    download = re.search(
+        r"(?:reading|downloading|fetch|proxy|GOPROXY|module lookup|dial tcp|no such host|410 Gone|404)",
+        stderr,
+    )
     if download:
         return (
             f"building {name} failed while downloading Go modules ({last.strip()}); check that the Go "

@@ -1,0 +1,58 @@
+"""``ddpjob cluster ...``: run the box in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from ddpjob_box.controlplane import ControlPlane, wait_forever
+from ddpjob_box.errors import BoxError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="cluster_command", required=True)
+    up = sub.add_parser("up", help="start a real control plane in the foreground; Ctrl-C stops it")
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where etcd data, keys and logs go (default: a new temporary directory)",
+    )
+    up.add_argument(
+        "--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)"
+    )
+    up.add_argument("--reset", action="store_true", help="wipe a data directory left by a killed run")
+
+
+def run(args: argparse.Namespace) -> int:
+    # SIGTERM takes the same orderly path as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
+        data_dir = args.data_dir or Path(tmp) / "box"
+        plane = ControlPlane(data_dir=data_dir, apiserver_port=args.port, reset=args.reset)
+        try:
+            plane.start()
+            print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
+            print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)
+            wait_forever(plane)
+        except BoxError as err:
+            print(f"ddpjob: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("stopping the control plane", flush=True)
+        finally:
+            plane.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddpjob cluster")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

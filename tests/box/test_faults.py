@@ -1,0 +1,179 @@
+"""Faults in the box's environment give one clear line naming cause and fix, and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddpjob_box import toolchain
+from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir
+from ddpjob_box.errors import BoxError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _box_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "box"))
+    env.update(extra)
+    return env
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_missing_go_toolchain_is_named_with_the_fix(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpjob_box.toolchain"],
+        capture_output=True,
+        text=True,
+        env=_box_env(PATH="/nonexistent", DDPJOB_CACHE=str(tmp_path)),
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], "one line, no traceback"
+    assert "Go toolchain is missing" in proc.stderr and "install Go" in proc.stderr
+
+
+def test_a_failed_module_download_says_so_and_how_to_retry(tmp_path: Path) -> None:
+    go_bin = Path(
+        subprocess.run(
+            ["bash", "-lc", "command -v go || echo /usr/local/go/bin/go"], capture_output=True, text=True
+        ).stdout.strip()
+    ).parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpjob_box.toolchain"],
+        capture_output=True,
+        text=True,
+        env=_box_env(
+            PATH=f"{go_bin}:/usr/bin:/bin",
+            DDPJOB_CACHE=str(tmp_path),
+            GOPROXY="off",
+            GOMODCACHE=str(tmp_path / "mod"),
+            GOFLAGS="-modcacherw",
+        ),
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "downloading Go modules" in last and "retry 'make tools'" in last
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        plane = ControlPlane(data_dir=tmp_path / "box", apiserver_port=port)
+        with pytest.raises(BoxError, match=rf"port {port} on 127.0.0.1 for kube-apiserver is already in use"):
+            plane.start()
+    assert not (tmp_path / "box").exists()
+
+
+def test_a_data_dir_left_by_a_killed_run_is_explained_and_reset_on_request(tmp_path: Path) -> None:
+    data_dir = tmp_path / "box"
+    data_dir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (data_dir / LOCK_FILE).write_text(f"{dead.pid} 0\n")
+    (data_dir / "etcd").mkdir()
+    with pytest.raises(BoxError, match=r"left by a run that was killed .* pass --reset"):
+        claim_data_dir(data_dir, reset=False)
+    claim_data_dir(data_dir, reset=True)
+    assert not (data_dir / "etcd").exists()
+    assert (data_dir / LOCK_FILE).read_text().split()[0] == str(os.getpid())
+
+
+def test_a_data_dir_in_use_by_a_live_box_is_refused_and_that_box_is_left_alone(tmp_path: Path) -> None:
+    data_dir = tmp_path / "box"
+    data_dir.mkdir()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        start = Path(f"/proc/{live.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (data_dir / LOCK_FILE).write_text(f"{live.pid} {start}\n")
+        with pytest.raises(BoxError, match=rf"in use by a running box \(pid {live.pid}\)"):
+            claim_data_dir(data_dir, reset=True)
+        assert live.poll() is None, "the box never kills a process it did not start"
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.cluster
+def test_a_component_that_dies_at_startup_is_named_with_its_log_tail(tmp_path: Path) -> None:
+    toolchain.ensure(toolchain.kubernetes_build())
+    plane = ControlPlane(
+        data_dir=tmp_path / "box", extra_args={"kube-apiserver": ["--service-cluster-ip-range=not-a-cidr"]}
+    )
+    with pytest.raises(BoxError) as failure:
+        plane.start()
+    message = str(failure.value)
+    assert message.startswith("kube-apiserver exited with code")
+    assert "not-a-cidr" in message, "the log tail shows the cause"
+    assert all(not c.alive() for c in plane.components), "etcd, started first, was stopped too"
+
+
+@pytest.fixture
+def box_data_dir(tmp_path: Path) -> Iterator[Path]:
+    data_dir = tmp_path / "box"
+    yield data_dir
+    for pid in _processes_mentioning(str(data_dir)):  # only ours: their command lines name our temp dir
+        os.kill(pid, signal.SIGKILL)
+
+
+def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpjob_box.cli", "up", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_box_env(),
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        if line.startswith("export KUBECONFIG="):
+            assert line.strip() == f"export KUBECONFIG={data_dir / 'kubeconfig'}"
+            return proc
+        assert time.monotonic() < deadline, "cluster up did not become ready"
+    pytest.fail(f"cluster up exited with {proc.wait()} before printing the KUBECONFIG line")
+
+
+def _wait_gone(data_dir: Path, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _processes_mentioning(str(data_dir))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.cluster
+def test_ctrl_c_on_cluster_up_leaves_no_process_behind(box_data_dir: Path) -> None:
+    proc = _start_cluster_up(box_data_dir)
+    assert len(_processes_mentioning(str(box_data_dir))) >= 5
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    assert _wait_gone(box_data_dir, 10) == []
+
+
+@pytest.mark.cluster
+def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_dir: Path) -> None:
+    proc = _start_cluster_up(box_data_dir)
+    proc.kill()
+    proc.wait()
+    assert _wait_gone(box_data_dir, 10) == [], "PR_SET_PDEATHSIG stops the children of a killed box"
