@@ -1,0 +1,51 @@
+"""``python -m ddp_trainer``: parse options, train, and turn failures into the documented exit codes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from ddp_trainer import errors, signals
+from ddp_trainer.config import parse
+from ddp_trainer.launch import read_launch
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    try:
+        cfg = parse(sys.argv[1:] if argv is None else argv, environ)
+        launch = read_launch(environ)
+    except errors.PermanentError as err:  # before torch is imported: bad options fail fast
+        print(f"ddp_trainer: error: {_one_line(err)}", file=sys.stderr)
+        return errors.EXIT_PERMANENT
+    logging.basicConfig(
+        stream=sys.stdout,
+        level=logging.INFO if launch.rank == 0 else logging.WARNING,
+        format="%(asctime)s %(message)s" if launch.rank == 0 else f"%(asctime)s rank {launch.rank}: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    from ddp_trainer import distributed, train  # imports torch
+
+    try:
+        train.run(cfg, launch)
+    except errors.PermanentError as err:
+        print(f"ddp_trainer: error: {_one_line(err)}", file=sys.stderr)
+        return errors.EXIT_PERMANENT
+    except Exception as err:
+        if not distributed.is_retryable(err):
+            raise  # a bug: Python prints the traceback and exits 1
+        print(f"ddp_trainer: retryable: lost a peer or a collective timed out: {_one_line(err)}", file=sys.stderr)
+        return errors.EXIT_RETRYABLE
+    return errors.EXIT_OK
+
+
+if __name__ == "__main__":
+    signals.install()  # first: threads started from here on inherit the blocked signals
+    sys.exit(main())

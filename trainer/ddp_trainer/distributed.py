@@ -1,0 +1,137 @@
+"""Process group, device and model wrapping: the same code path on GPUs and on CPU.
+
+The backend follows the device: NCCL when CUDA is available, gloo otherwise. LOCAL_RANK picks
+the GPU. Launched alone (no WORLD_SIZE), there is no process group and the model is not wrapped.
+"""
+
+from __future__ import annotations
+
+import datetime
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_trainer.config import DistConfig
+from ddp_trainer.errors import ConfigError, RetryableError
+from ddp_trainer.launch import Launch
+
+# Fragments of the messages gloo and NCCL raise as plain RuntimeErrors when a peer disappears
+# or a collective times out. Newer torch raises DistError subclasses; these cover the rest.
+_RETRYABLE_MESSAGES = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "connection refused",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "nccl",
+    "gloo",
+)
+
+
+@dataclass
+class Dist:
+    launch: Launch
+    device: torch.device
+    backend: str
+    """nccl, gloo, or none when running alone."""
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.launch.rank == 0
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index or 0])
+        elif self.backend == "gloo":
+            dist.barrier()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, indexed by rank (picklable objects only)."""
+        if self.backend == "none":
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def pick_device(launch: Launch) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if launch.local_rank >= count:
+        raise ConfigError(
+            f"LOCAL_RANK={launch.local_rank} but this machine has {count} GPU(s); "
+            "start at most one process per GPU"
+        )
+    torch.cuda.set_device(launch.local_rank)
+    return torch.device("cuda", launch.local_rank)
+
+
+def setup(launch: Launch, cfg: DistConfig) -> Dist:
+    """Pick the device and, when launched distributed, join the process group (blocks for peers)."""
+    if cfg.strategy == "dp" and launch.world_size > 1:
+        raise ConfigError(
+            f"--strategy dp (TRAIN_STRATEGY) runs a single process but WORLD_SIZE={launch.world_size}; "
+            "use --strategy ddp, or start one process"
+        )
+    device = pick_device(launch)
+    if not launch.distributed:
+        return Dist(launch=launch, device=device, backend="none")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend=backend,
+        # env:// rather than tcp://: under torchrun it reuses the agent's store on MASTER_PORT.
+        init_method="env://",
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=datetime.timedelta(seconds=cfg.pg_timeout_seconds),
+        device_id=device if backend == "nccl" else None,
+    )
+    return Dist(launch=launch, device=device, backend=backend)
+
+
+def wrap(model: nn.Module, d: Dist, cfg: DistConfig) -> tuple[nn.Module, DistributedDataParallel | None]:
+    """The module to train, and the DDP wrapper when there is one (for ``no_sync``)."""
+    if cfg.strategy == "dp":
+        return nn.DataParallel(model), None  # with no GPU, DataParallel just calls the module
+    if d.backend == "none":
+        return model, None
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[d.device] if d.device.type == "cuda" else None,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+    )
+    return ddp, ddp
+
+
+def no_sync(ddp: DistributedDataParallel | None, sync: bool) -> AbstractContextManager[Any]:
+    """Skip the gradient all-reduce on micro-batches that are not an accumulation boundary."""
+    return nullcontext() if sync or ddp is None else ddp.no_sync()
+
+
+def is_retryable(err: BaseException) -> bool:
+    """A lost peer or a collective timeout: a restart of the gang from the checkpoint can fix it."""
+    if isinstance(err, RetryableError | dist.DistError | TimeoutError | ConnectionError):
+        return True
+    if isinstance(err, RuntimeError):
+        message = str(err).lower()
+        return any(fragment in message for fragment in _RETRYABLE_MESSAGES)
+    return False

@@ -1,0 +1,67 @@
+"""Reads the torchrun environment convention; the only launch contract the trainer knows.
+
+Torchrun and the DDPJob operator both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT. With none of them set the trainer runs alone, without a process group. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddp_trainer.errors import ConfigError
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether a process group is needed: set by a launcher, even for a world of one."""
+        return bool(self.master_addr)
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    text = environ.get(name)
+    if text is None or text == "":
+        if default is None:
+            raise ConfigError(f"WORLD_SIZE is set but {name} is not; the launcher must set {name} too")
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not an integer; fix the launcher's environment") from None
+
+
+def read_launch(environ: Mapping[str, str]) -> Launch:
+    """Parse the launcher's variables, or return a single-process Launch when WORLD_SIZE is unset."""
+    if not environ.get("WORLD_SIZE"):
+        return Launch()
+    world_size = _int(environ, "WORLD_SIZE")
+    if world_size < 1:
+        raise ConfigError(f"WORLD_SIZE={world_size} must be at least 1")
+    if not environ.get("MASTER_ADDR"):
+        raise ConfigError(
+            "WORLD_SIZE is set but MASTER_ADDR is not; set MASTER_ADDR and MASTER_PORT to rank 0's "
+            "address, or unset WORLD_SIZE to train in a single process"
+        )
+    rank = _int(environ, "RANK")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK={rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size})")
+    port = _int(environ, "MASTER_PORT")
+    if not 0 < port < 65536:
+        raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
+    return Launch(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_int(environ, "LOCAL_RANK", 0),
+        master_addr=environ["MASTER_ADDR"],
+        master_port=port,
+    )

@@ -1,0 +1,49 @@
+"""Prometheus metric names every rank exports. Torch-free, so the operator and dashboards can import them.
+
+No metric carries a rank label: Prometheus adds the pod's labels when it scrapes.
+"""
+
+from __future__ import annotations
+
+STEP_SECONDS = "ddp_step_seconds"
+"""Histogram: wall time of a whole iteration (one optimizer step, data wait included)."""
+PHASE_SECONDS = "ddp_phase_seconds"
+"""Histogram with label ``phase``: time of each phase of an iteration."""
+PHASE_LABEL = "phase"
+PHASES = ("data", "forward", "backward", "optimizer")
+"""Values of the ``phase`` label, in the order they happen."""
+STEPS_TOTAL = "ddp_steps_total"
+"""Counter: optimizer steps done by this process."""
+SAMPLES_TOTAL = "ddp_samples_total"
+"""Counter: samples this process has trained on."""
+LAST_STEP_TIMESTAMP_SECONDS = "ddp_last_step_timestamp_seconds"
+"""Gauge: Unix time the last step finished (for stall alerts: ``time() - ddp_last_step...``)."""
+LOSS = "ddp_loss"
+"""Gauge: loss of the last step on this rank (not averaged across ranks)."""
+PROCESS_GROUP_READY = "ddp_process_group_ready"
+"""Gauge: 1 once ``init_process_group`` has returned, 0 before (and always 0 when running alone)."""
+INFO = "ddp_info"
+"""Info (value 1): static labels ``world_size``, ``backend``, ``model``, ``strategy``, ``device``,
+``batch_size``, ``amp``, ``data``, ``torch_version``."""
+INFO_LABELS = (
+    "world_size",
+    "backend",
+    "model",
+    "strategy",
+    "device",
+    "batch_size",
+    "amp",
+    "data",
+    "torch_version",
+)
+
+ALL = (
+    STEP_SECONDS,
+    PHASE_SECONDS,
+    STEPS_TOTAL,
+    SAMPLES_TOTAL,
+    LAST_STEP_TIMESTAMP_SECONDS,
+    LOSS,
+    PROCESS_GROUP_READY,
+    INFO,
+)

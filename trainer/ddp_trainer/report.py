@@ -1,0 +1,46 @@
+"""The end-of-run summary in the classic benchmark format: throughput and ms per iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddp_trainer.config import Config
+from ddp_trainer.metrics import PHASES, StepTiming
+
+COLUMNS = ("model", "world", "batch/rank", "img/s", "img/s/rank", "step ms", *(f"{p} ms" for p in PHASES))
+
+
+def warmup_steps(n: int) -> int:
+    """Steps left out of the means: the first 10%, at most 10, so start-up cost does not skew them."""
+    return min(10, n // 10)
+
+
+def summary_lines(
+    cfg: Config, world_size: int, backend: str, device: str, timings: Sequence[StepTiming]
+) -> list[str]:
+    if not timings:
+        return ["summary: no steps run"]
+    skip = warmup_steps(len(timings))
+    kept = timings[skip:]
+    seconds = sum(t.step_seconds for t in kept)
+    per_rank = sum(t.samples for t in kept) / seconds if seconds > 0 else 0.0
+
+    def ms(values: Sequence[float]) -> str:
+        return f"{1000 * sum(values) / len(values):.1f}"
+
+    row = (
+        cfg.model.model,
+        str(world_size),
+        str(cfg.optim.batch_size),
+        f"{per_rank * world_size:.1f}",
+        f"{per_rank:.1f}",
+        ms([t.step_seconds for t in kept]),
+        *(ms([t.phase_seconds.get(p, 0.0) for t in kept]) for p in PHASES),
+    )
+    return [
+        f"summary: {len(kept)} steps measured ({skip} warm-up left out), {cfg.model.image_size}px images, "
+        f"amp {cfg.optim.amp}, strategy {cfg.dist.strategy}, backend {backend}, device {device}",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        "| " + " | ".join(row) + " |",
+    ]

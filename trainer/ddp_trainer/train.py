@@ -1,0 +1,293 @@
+"""The training loop: wires config, process group, data, model, metrics and checkpoints together.
+
+A *step* is one optimizer step: ``grad_accum_steps`` micro-batches of ``batch_size`` per rank.
+Positions are counted in micro-batches within an epoch, so a resumed run skips exactly the
+batches it already trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddp_trainer import checkpoint, data, distributed, models
+from ddp_trainer.config import Config, OptimConfig
+from ddp_trainer.errors import ConfigError, DataError
+from ddp_trainer.launch import Launch
+from ddp_trainer.metrics import Metrics, StepTiming
+from ddp_trainer.report import summary_lines
+from ddp_trainer.timing import StepTimer
+
+log = logging.getLogger("ddp_trainer")
+
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Result:
+    """What a finished run leaves behind (tests compare ``model`` across ranks and runs)."""
+
+    steps: int
+    model: nn.Module
+    timings: list[StepTiming]
+
+
+@dataclass
+class Position:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already trained on, per rank
+
+
+def lr_lambda(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak lr after ``step`` optimizer steps: linear warm-up, then the schedule."""
+    warmup = cfg.lr_warmup_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if cfg.lr_schedule == "cosine":
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if cfg.lr_schedule == "step":
+            return float(cfg.lr_gamma ** ((step - warmup) // cfg.lr_step_size))
+        return 1.0
+
+    return factor
+
+
+def _seed_everything(cfg: OptimConfig) -> None:
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # same on every rank: identical initial weights
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by cuBLAS, before first use
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+
+
+def _serve_metrics(metrics: Metrics, cfg: Config, launch: Launch) -> None:
+    if not cfg.observe.metrics_port:
+        return
+    port = cfg.observe.metrics_port + launch.local_rank  # torchrun puts several ranks on one host
+    try:
+        metrics.serve(port)
+    except OSError as err:
+        raise ConfigError(f"--metrics-port (METRICS_PORT): cannot listen on port {port} ({err}); pick a free port") from None
+
+
+def run(cfg: Config, launch: Launch) -> Result:
+    metrics = Metrics()
+    _serve_metrics(metrics, cfg, launch)  # before joining, so a rank stuck at rendezvous is visible
+    d = distributed.setup(launch, cfg.dist)
+    metrics.pg_ready.set(1 if d.backend != "none" else 0)
+    try:
+        result = _train(cfg, d, metrics)
+        if cfg.observe.metrics_linger_seconds and cfg.observe.metrics_port:
+            time.sleep(cfg.observe.metrics_linger_seconds)
+        return result
+    finally:
+        d.close()
+
+
+def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
+    _seed_everything(cfg.optim)
+    device = d.device
+    replicas = torch.cuda.device_count() if cfg.dist.strategy == "dp" and device.type == "cuda" else 1
+    batch = cfg.optim.batch_size * replicas  # DataParallel splits one batch across the GPUs
+    dataset = data.build(
+        cfg.data,
+        image_size=cfg.model.image_size,
+        num_classes=cfg.model.num_classes,
+        batch_size=batch,
+        seed=cfg.optim.seed,
+        rank=d.rank,
+        world_size=d.world_size,
+        pin_memory=cfg.data.pin_memory and device.type == "cuda",
+    )
+    accum = cfg.optim.grad_accum_steps
+    steps_per_epoch = dataset.batches_per_epoch // accum
+    if steps_per_epoch == 0:
+        raise DataError(
+            f"one epoch has {dataset.batches_per_epoch} batches per rank, fewer than --grad-accum-steps "
+            f"(TRAIN_GRAD_ACCUM_STEPS) {accum}; lower it or --batch-size"
+        )
+    total = cfg.optim.steps or cfg.optim.epochs * steps_per_epoch
+
+    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+    model = models.build(cfg.model.model, dataset.num_classes).to(device, memory_format=memory_format)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, total))
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.optim.amp == "fp16")
+    pos = _resume(cfg, d, model, optimizer, scheduler, scaler)
+
+    wrapped, ddp = distributed.wrap(model, d, cfg.dist)
+    train_model: Callable[[torch.Tensor], torch.Tensor] = (
+        torch.compile(wrapped) if cfg.model.compile else wrapped  # type: ignore[assignment]
+    )
+    metrics.info.info(
+        {
+            "world_size": str(d.world_size),
+            "backend": d.backend,
+            "model": cfg.model.model,
+            "strategy": cfg.dist.strategy,
+            "device": device.type,
+            "batch_size": str(cfg.optim.batch_size),
+            "amp": cfg.optim.amp,
+            "data": cfg.data.data,
+            "torch_version": torch.__version__,
+        }
+    )
+    if d.is_main:
+        log.info(
+            "training %s on %s data: world size %d, backend %s, device %s, batch %d per rank x %d "
+            "accumulation, steps %d..%d",
+            cfg.model.model, cfg.data.data, d.world_size, d.backend, device, batch, accum, pos.step, total,
+        )  # fmt: skip
+
+    criterion = nn.CrossEntropyLoss()
+    amp_dtype = _AMP_DTYPES.get(cfg.optim.amp)
+    slow = d.rank == cfg.debug.slow_rank and cfg.debug.slow_seconds > 0
+    timer = StepTimer(device)
+    timings: list[StepTiming] = []
+
+    def record(done: list[StepTiming]) -> None:
+        for t in done:
+            metrics.record(t)
+            timings.append(t)
+            if d.is_main and (t.step % cfg.observe.log_interval == 0 or t.step == total):
+                rate = t.samples * d.world_size / t.step_seconds if t.step_seconds > 0 else 0.0
+                log.info(
+                    "step=%d/%d loss=%.4f img/s=%.1f step_time=%.1fms",
+                    t.step, total, t.loss, rate, t.step_seconds * 1000,
+                )  # fmt: skip
+
+    while pos.step < total:
+        batches = dataset.epoch(pos.epoch, pos.batch_in_epoch)
+        for _ in range(min(steps_per_epoch - pos.batch_in_epoch // accum, total - pos.step)):
+            timer.start()
+            step_loss = torch.zeros((), device=device)
+            for micro in range(accum):
+                images, labels = next(batches)
+                images = images.to(device, non_blocking=True, memory_format=memory_format)
+                labels = labels.to(device, non_blocking=True)
+                timer.mark("data")
+                if slow:
+                    time.sleep(cfg.debug.slow_seconds)  # a simulated straggler: slow compute
+                with distributed.no_sync(ddp, sync=micro == accum - 1):
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                        loss = criterion(train_model(images), labels) / accum
+                    timer.mark("forward")
+                    scaler.scale(loss).backward()
+                    timer.mark("backward")
+                step_loss += loss.detach().float()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            timer.mark("optimizer")
+
+            pos.step += 1
+            pos.batch_in_epoch += accum
+            if pos.batch_in_epoch // accum == steps_per_epoch:
+                pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+            timer.finish(pos.step, batch * accum, step_loss)
+            record(timer.poll())
+            _maybe_checkpoint(cfg, d, pos, total, model, optimizer, scheduler, scaler)
+            _maybe_crash(cfg, d, pos.step)
+        del batches  # shuts down this epoch's workers before the next epoch starts its own
+
+    record(timer.flush())
+    if d.is_main:
+        for line in summary_lines(cfg, d.world_size, d.backend, str(device), timings):
+            log.info("%s", line)
+    return Result(steps=pos.step, model=model, timings=timings)
+
+
+def _resume(
+    cfg: Config,
+    d: distributed.Dist,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> Position:
+    directory = cfg.checkpoint.checkpoint_dir
+    if not directory:
+        return Position()
+    if d.is_main:
+        checkpoint.remove_stale_temps(directory)
+    state = checkpoint.load_latest(directory, d.device)
+    if state is None:
+        return Position()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    rngs: list[dict[str, Any]] = state["rng"]
+    checkpoint.set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0], d.device)
+    if state.get("world_size") != d.world_size and d.is_main:
+        log.warning(
+            "checkpoint was written by %s ranks, resuming with %d: the data order changes",
+            state.get("world_size"), d.world_size,
+        )  # fmt: skip
+    if d.is_main:
+        log.info("resumed from step %d (epoch %d, batch %d)", state["step"], state["epoch"], state["batch_in_epoch"])
+    return Position(step=state["step"], epoch=state["epoch"], batch_in_epoch=state["batch_in_epoch"])
+
+
+def _maybe_checkpoint(
+    cfg: Config,
+    d: distributed.Dist,
+    pos: Position,
+    total: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> None:
+    c = cfg.checkpoint
+    if not c.checkpoint_dir:
+        return
+    if pos.step != total and not (c.checkpoint_interval and pos.step % c.checkpoint_interval == 0):
+        return
+    rngs = d.gather(checkpoint.rng_state(d.device))  # collective: every rank takes part
+    if d.is_main:
+        state = {
+            "format": checkpoint.FORMAT,
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "batch_in_epoch": pos.batch_in_epoch,
+            "world_size": d.world_size,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "rng": rngs,
+        }
+        path = checkpoint.save(c.checkpoint_dir, state, c.checkpoint_keep)
+        log.info("checkpoint %s", path)
+    d.barrier()  # nobody runs ahead of a checkpoint that might fail
+
+
+def _maybe_crash(cfg: Config, d: distributed.Dist, step: int) -> None:
+    if cfg.debug.crash_at_step == step and cfg.debug.crash_rank in (-1, d.rank):
+        log.warning("debug: --crash-at-step %d: killing rank %d", step, d.rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
