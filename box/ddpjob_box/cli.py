@@ -21,9 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where etcd data, keys and logs go (default: a new temporary directory)",
     )
-    up.add_argument(
-        "--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)"
-    )
+    up.add_argument("--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
     up.add_argument("--reset", action="store_true", help="wipe a data directory left by a killed run")
 
 

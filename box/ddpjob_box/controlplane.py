@@ -96,9 +96,7 @@ class ControlPlane:
         self.start()
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -253,9 +251,7 @@ class ControlPlane:
                 }
             ],
             "users": [{"name": "box", "user": {"token": token}}],
-            "contexts": [
-                {"name": "box", "context": {"cluster": "box", "user": "box", "namespace": "default"}}
-            ],
+            "contexts": [{"name": "box", "context": {"cluster": "box", "user": "box", "namespace": "default"}}],
         }
         path.write_text(json.dumps(config, indent=2) + "\n")
         path.chmod(0o600)

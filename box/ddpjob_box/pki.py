@@ -38,9 +38,7 @@ def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
     )
     san = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{name}" for name in dns)])
     (directory / "san.cnf").write_text(
-        "[ext]\nsubjectAltName="
-        + san
-        + "\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "[ext]\nsubjectAltName=" + san + "\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
     )
     _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=directory)
     _openssl(

@@ -84,9 +84,7 @@ class Component:
             proc.wait()
 
 
-def wait_until(
-    predicate_desc: str, predicate: object, timeout: float, *, watch: Sequence[Component] = ()
-) -> None:
+def wait_until(predicate_desc: str, predicate: object, timeout: float, *, watch: Sequence[Component] = ()) -> None:
     """Poll ``predicate`` until true; fail early if a watched component dies."""
     assert callable(predicate)
     deadline = time.monotonic() + timeout

@@ -109,6 +109,12 @@ def _explain_go_failure(name: str, stderr: str) -> str:
     return f"building {name} failed: {last.strip()}; full output above, fix it and retry 'make tools'"
 
 
+def _go_binary_name(package: str) -> str:
+    """The file name go build gives a main package: its last element, skipping a /vN major suffix."""
+    parts = package.rstrip("/").split("/")
+    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
+
+
 def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
     """Return the path of each binary, building the missing ones once."""
     bin_dir = build.bin_dir()
@@ -129,9 +135,7 @@ def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
         print(proc.stderr[-4000:])
         raise BoxError(_explain_go_failure(", ".join(missing), proc.stderr))
     for name, pkg in missing.items():
-        built = staging / pkg.rstrip("/").split("/")[-1]
-        if not built.exists() and name == "etcd":
-            built = staging / "v3"  # go names the etcd main package after its module's last element
+        built = staging / _go_binary_name(pkg)
         # rename is atomic: a killed build never leaves a half-written binary under its final name
         built.rename(paths[name])
     staging.rmdir()

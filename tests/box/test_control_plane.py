@@ -34,9 +34,7 @@ def _crd(plural: str) -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "properties": {
-                                "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}
-                            },
+                            "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}},
                         }
                     },
                 }

@@ -1,0 +1,30 @@
+"""Remove everything a node made: its pods' processes, namespaces, hosts files, mount points and bridge."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from ddpjob_box.node.agent import PodRecord
+from ddpjob_box.node.network import NETNS_ETC, Bridge, ip, namespaces_with_prefix
+from ddpjob_box.node.volumes import remove_created
+
+
+def teardown(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
+    records = [PodRecord.load(d) for d in (state_dir / "pods").glob("*") if (d / "meta.json").exists()]
+    containers = [c for r in records for c in r.containers()]
+    for c in containers:
+        c.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(c.running() for c in containers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for netns in namespaces_with_prefix(netns_prefix):
+        ip("netns", "del", netns, check=False)
+    for etc in NETNS_ETC.glob(f"{netns_prefix}*"):
+        for child in etc.iterdir():
+            child.unlink()
+        etc.rmdir()
+    for record in records:
+        remove_created(record.created_dirs)
+    bridge.delete()
