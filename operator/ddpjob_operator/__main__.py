@@ -1,0 +1,3 @@
+from ddpjob_operator.cli import main
+
+raise SystemExit(main())

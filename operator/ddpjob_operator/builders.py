@@ -1,0 +1,177 @@
+"""Pure: the desired Service and Pods of a job, as plain dicts ready for the API.
+
+Nothing here talks to a cluster; every function is data in, data out.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ddpjob_operator import api
+from ddpjob_operator.api import Job
+
+
+def pod_name(job_name: str, rank: int) -> str:
+    return f"{job_name}-{rank}"
+
+
+def master_addr(job_name: str) -> str:
+    """Rank 0's name through the headless Service; resolvable once rank 0 has an address."""
+    return f"{pod_name(job_name, 0)}.{job_name}"
+
+
+def selector(job_name: str) -> dict[str, str]:
+    return {api.LABEL_JOB_NAME: job_name, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+
+
+def owner_reference(job: Job) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def service(job: Job) -> dict[str, Any]:
+    """The headless Service that gives every rank the DNS name `<job>-<rank>.<job>`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": job.name,
+            "namespace": job.namespace,
+            "labels": selector(job.name),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Ranks must find each other before any of them is ready.
+            "publishNotReadyAddresses": True,
+            "selector": selector(job.name),
+            "ports": [
+                {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+                for name, port in (("rendezvous", job.spec.port), ("metrics", job.spec.metrics_port))
+            ],
+        },
+    }
+
+
+def injected_env(job: Job, rank: int, attempt: int) -> list[dict[str, str]]:
+    """The rendezvous contract (README, "Environment"). RANK and LOCAL_RANK only with one process
+    per pod; with more, torchrun derives them from the PET_* variables."""
+    spec = job.spec
+    master = master_addr(job.name)
+    env = {
+        api.ENV_MASTER_ADDR: master,
+        api.ENV_MASTER_PORT: str(spec.port),
+        api.ENV_WORLD_SIZE: str(spec.world_size),
+    }
+    if spec.nproc_per_node == 1:
+        env[api.ENV_RANK] = str(rank)
+        env[api.ENV_LOCAL_RANK] = "0"
+    env |= {
+        api.ENV_PET_NNODES: str(spec.replicas),
+        api.ENV_PET_NPROC_PER_NODE: str(spec.nproc_per_node),
+        api.ENV_PET_NODE_RANK: str(rank),
+        api.ENV_PET_MASTER_ADDR: master,
+        api.ENV_PET_MASTER_PORT: str(spec.port),
+        api.ENV_JOB_NAME: job.name,
+        api.ENV_ATTEMPT: str(attempt),
+    }
+    if spec.checkpoint is not None:
+        env[api.ENV_CHECKPOINT_DIR] = spec.checkpoint.mount_path
+    env[api.ENV_METRICS_PORT] = str(spec.metrics_port)
+    env[api.ENV_PYTHONUNBUFFERED] = "1"
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+# POSIX sh; uses whichever resolver the trainer image has, and skips the wait when it has none.
+WAIT_SCRIPT = """\
+deadline=$(( $(date +%s) + {seconds} ))
+while :; do
+  if command -v getent >/dev/null 2>&1; then getent hosts "$MASTER_ADDR" >/dev/null 2>&1 && exit 0
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import os, socket; socket.getaddrinfo(os.environ["MASTER_ADDR"], None)' >/dev/null 2>&1 && exit 0
+  elif command -v nslookup >/dev/null 2>&1; then nslookup "$MASTER_ADDR" >/dev/null 2>&1 && exit 0
+  else echo "ddpjob: no getent, python3 or nslookup in the image; not waiting for $MASTER_ADDR"; exit 0
+  fi
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "ddpjob: $MASTER_ADDR did not resolve within {seconds}s (spec.waitForMasterSeconds)" >&2; exit 1
+  fi
+  sleep 1
+done
+"""
+
+
+def wait_for_master(job: Job, trainer: dict[str, Any]) -> dict[str, Any]:
+    """An init container that holds the rank until `<job>-0.<job>` resolves.
+
+    It runs the trainer's own image (already pulled: no extra image, no registry) with the
+    trainer's security context and CPU/memory, so it fits the same quotas and policies.
+    """
+    resources = trainer.get("resources") or {}
+    small = {
+        section: {k: v for k, v in (resources.get(section) or {}).items() if k in ("cpu", "memory")}
+        for section in ("requests", "limits")
+    }
+    container: dict[str, Any] = {
+        "name": api.WAIT_CONTAINER,
+        "image": trainer["image"],
+        "command": ["sh", "-c", WAIT_SCRIPT.format(seconds=job.spec.wait_for_master_seconds)],
+        "env": [{"name": api.ENV_MASTER_ADDR, "value": master_addr(job.name)}],
+        "resources": {k: v for k, v in small.items() if v},
+    }
+    for key in ("imagePullPolicy", "securityContext"):
+        if key in trainer:
+            container[key] = copy.deepcopy(trainer[key])
+    return container
+
+
+def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
+    """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait."""
+    template = copy.deepcopy(dict(job.spec.template))
+    meta = template.get("metadata") or {}
+    spec: dict[str, Any] = template["spec"]
+    labels = {
+        **(meta.get("labels") or {}),
+        **selector(job.name),
+        api.LABEL_RANK: str(rank),
+        api.LABEL_ATTEMPT: str(attempt),
+    }
+    annotations = {**(meta.get("annotations") or {}), api.ANNOTATION_SPEC_HASH: job.spec.spec_hash}
+    name = pod_name(job.name, rank)
+    spec["hostname"] = name
+    spec["subdomain"] = job.name
+    # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
+    spec["restartPolicy"] = "Never"
+    trainer = spec["containers"][0]
+    # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
+    trainer["env"] = [*injected_env(job, rank, attempt), *(trainer.get("env") or [])]
+    checkpoint = job.spec.checkpoint
+    if checkpoint is not None:
+        source = (
+            {"persistentVolumeClaim": {"claimName": checkpoint.claim_name}}
+            if checkpoint.claim_name is not None
+            else {"emptyDir": dict(checkpoint.empty_dir or {})}
+        )
+        spec["volumes"] = [*(spec.get("volumes") or []), {"name": api.CHECKPOINT_VOLUME, **source}]
+        mount = {"name": api.CHECKPOINT_VOLUME, "mountPath": checkpoint.mount_path}
+        trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), mount]
+    if job.spec.wait_for_master_seconds > 0:
+        spec["initContainers"] = [wait_for_master(job, trainer), *(spec.get("initContainers") or [])]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,69 @@
+"""The `ddpjob` command.
+
+Subcommands live in ``COMMANDS``: name -> (help, add_arguments, run). Adding one (e.g. `cluster`)
+is one entry; `operator` (alias `run`) starts the Kopf operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+def _operator_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], metavar="NS",
+        help="watch this namespace (repeatable; globs like 'team-*' work); default: all namespaces",
+    )  # fmt: skip
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="serve Prometheus /metrics here; 0: off")
+    parser.add_argument(
+        "--liveness", default="http://0.0.0.0:8081/healthz", metavar="URL",
+        help="Kopf's liveness endpoint; empty: off",
+    )  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every reconcile")
+
+
+def _run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    import ddpjob_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    logging.getLogger("ddpjob_operator").setLevel(logging.INFO)
+    kopf.run(
+        standalone=True,  # one replica; no peering CRD to install
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(metrics_port=args.metrics_port),
+    )
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
+    "operator": ("run the operator (Kopf) against the cluster in KUBECONFIG", _operator_arguments, _run_operator),
+    "run": ("alias of `operator`", _operator_arguments, _run_operator),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddpjob", description="DDPJob: PyTorch DDP training on Kubernetes")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_, add_arguments, run) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_, description=help_)
+        add_arguments(command)
+        command.set_defaults(run=run)
+    args = parser.parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

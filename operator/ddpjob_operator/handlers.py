@@ -1,0 +1,50 @@
+"""Kopf glue: events for DDPJobs and their pods wake the job's worker, which reconciles.
+
+No on.delete handler and no timers or daemons, hence no finalizers: deleting a DDPJob never
+waits for the operator, and owner references let the garbage collector remove the children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from ddpjob_operator import api, metrics
+from ddpjob_operator.controller import reconcile
+from ddpjob_operator.kube import Kube
+from ddpjob_operator.workqueue import Key, WorkQueue
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.level = logging.WARNING  # our own Events describe transitions
+    settings.persistence.finalizer = f"{api.GROUP}/kopf-unused"  # never set: no handler needs one
+    kube = Kube()
+
+    async def run(key: Key) -> float | None:
+        return await asyncio.to_thread(reconcile, kube, *key)
+
+    memo.kube = kube
+    memo.queue = WorkQueue(run)
+    if memo.get("metrics_port"):
+        metrics.serve(int(memo["metrics_port"]))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.queue.stop()
+    memo.kube.close()
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def job_event(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    memo.queue.enqueue((namespace or "", name))
+
+
+@kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGED_BY, api.LABEL_JOB_NAME: kopf.PRESENT})
+async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    memo.queue.enqueue((namespace or "", labels[api.LABEL_JOB_NAME]))

@@ -1,0 +1,25 @@
+"""The operator's own Prometheus metrics (the trainer's are in ddp_trainer.metric_names).
+
+Counters count the transitions this operator process performed; PromQL's rate/increase handle
+operator restarts, as for any counter.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+JOBS_CREATED = Counter("ddpjob_operator_jobs_created_total", "DDPJobs seen for the first time and set up.")
+JOBS_SUCCEEDED = Counter("ddpjob_operator_jobs_succeeded_total", "DDPJobs that finished with every rank exiting 0.")
+JOBS_FAILED = Counter("ddpjob_operator_jobs_failed_total", "DDPJobs that finished Failed.", ["reason"])
+JOBS_RESTARTED = Counter("ddpjob_operator_jobs_restarted_total", "Gang restarts after a retryable failure.")
+RECONCILE_SECONDS = Histogram(
+    "ddpjob_operator_reconcile_duration_seconds",
+    "Time to reconcile one DDPJob: read it and its pods, decide, write.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+RECONCILE_ERRORS = Counter("ddpjob_operator_reconcile_errors_total", "Reconciles that raised and were retried.")
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve /metrics in a background thread."""
+    start_http_server(port, addr=addr)

@@ -1,0 +1,1 @@
+"""Lifecycle policies, one small pure module each: restart, deadline, ttl, cleanup, suspend."""

@@ -1,0 +1,25 @@
+"""cleanPodPolicy once the job has finished.
+
+``All`` deletes every pod. ``Running`` (the default) deletes the pods still running, keeping the
+finished ones for their logs. ``None`` deletes nothing: after a failure the surviving ranks stay
+up, to be inspected (py-spy, exec). A job that ran past its deadline loses its running pods
+whatever the policy: the deadline is a limit on resources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ddpjob_operator.api import CleanPodPolicy
+from ddpjob_operator.status import PodView
+
+
+def pods_to_delete(policy: CleanPodPolicy, pods: Iterable[PodView], *, deadline_exceeded: bool = False) -> list[str]:
+    chosen = []
+    for pod in pods:
+        if pod.terminating:
+            continue
+        stop_running = policy is CleanPodPolicy.RUNNING or deadline_exceeded
+        if policy is CleanPodPolicy.ALL or (stop_running and not pod.terminated):
+            chosen.append(pod.name)
+    return chosen

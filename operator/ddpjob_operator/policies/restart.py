@@ -1,0 +1,47 @@
+"""Which failures restart the gang, and when the restarts run out.
+
+``Never`` retries nothing; ``OnFailure`` retries every failure; ``ExitCode`` retries exit codes
+>= 128 (signals, and the trainer's 200 for a lost peer), codes in ``retryableExitCodes``, and
+failures without an exit code (a deleted or evicted pod), and gives up at once on the rest
+(1 for a bug, 2 for a permanent config or data error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddpjob_operator.api import RestartPolicy, RunPolicy
+from ddpjob_operator.status import Failure, sorted_failures
+
+SIGNAL_EXIT_BASE = 128
+
+
+def is_retryable(failure: Failure, policy: RunPolicy) -> bool:
+    if policy.restart_policy is RestartPolicy.NEVER:
+        return False
+    if policy.restart_policy is RestartPolicy.ON_FAILURE or failure.exit_code is None:
+        return True
+    return failure.exit_code >= SIGNAL_EXIT_BASE or failure.exit_code in policy.retryable_exit_codes
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    """True: restart the gang; False: the job has failed."""
+    cause: Failure
+    """The failure the decision is about: the first non-retryable one, else the earliest."""
+    backoff_exceeded: bool = False
+
+
+def decide(failures: Sequence[Failure], policy: RunPolicy, restarts: int) -> Decision | None:
+    """None when nothing failed. A single non-retryable failure fails the job, whatever else happened."""
+    if not failures:
+        return None
+    ordered = sorted_failures(failures)
+    fatal = [f for f in ordered if not is_retryable(f, policy)]
+    if fatal:
+        return Decision(restart=False, cause=fatal[0])
+    if restarts >= policy.backoff_limit:
+        return Decision(restart=False, cause=ordered[0], backoff_exceeded=True)
+    return Decision(restart=True, cause=ordered[0])

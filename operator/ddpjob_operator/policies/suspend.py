@@ -1,0 +1,25 @@
+"""runPolicy.suspend: suspending deletes the pods and keeps the job; resuming starts a new attempt.
+
+A finished job stays finished: suspending it changes nothing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ddpjob_operator.status import Phase
+
+
+class Transition(Enum):
+    SUSPEND = "suspend"
+    RESUME = "resume"
+
+
+def transition(suspend: bool, phase: Phase) -> Transition | None:
+    if phase.finished:
+        return None
+    if suspend and phase is not Phase.SUSPENDED:
+        return Transition.SUSPEND
+    if not suspend and phase is Phase.SUSPENDED:
+        return Transition.RESUME
+    return None

@@ -1,0 +1,363 @@
+"""Pure: what the pods say, and the status the operator writes back.
+
+``observe`` reads the pods that exist and says which ranks run, finished, failed or are missing.
+``JobStatus`` is the only memory the operator keeps (attempt, restarts, times, conditions); it lives
+in the object's status so that a restarted operator carries on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from ddpjob_operator import api
+
+
+class Phase(StrEnum):
+    NEW = ""
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+
+# Reasons on conditions and events.
+REASON_CREATED = "Created"
+REASON_PODS_PENDING = "PodsPending"
+REASON_ALL_RUNNING = "AllRanksRunning"
+REASON_ALL_SUCCEEDED = "AllRanksSucceeded"
+REASON_RETRYABLE = "RetryableFailure"
+REASON_NON_RETRYABLE = "NonRetryableFailure"
+REASON_BACKOFF = "BackoffLimitExceeded"
+REASON_DEADLINE = "DeadlineExceeded"
+REASON_INVALID = "InvalidSpec"
+REASON_SUSPENDED = "Suspended"
+REASON_RESUMED = "Resumed"
+REASON_SPEC_CHANGED = "SpecChanged"
+REASON_RECOVERED = "Recovered"
+REASON_TTL = "TTLExpired"
+
+
+def to_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def from_time(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods as observed
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodView:
+    """The facts about one pod that the lifecycle rules need."""
+
+    name: str
+    uid: str = ""
+    rank: int | None = None
+    attempt: int | None = None
+    spec_hash: str = ""
+    phase: str = "Pending"
+    terminating: bool = False
+    exit_code: int | None = None
+    """The trainer container's exit code once it has terminated."""
+    finished_at: str = ""
+    reason: str = ""
+    """Why the pod failed when the trainer did not exit by itself (Evicted, an init container...)."""
+
+    @property
+    def terminated(self) -> bool:
+        """The pod as a whole has stopped: nothing in it runs any more."""
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 or (self.exit_code is None and self.phase == "Succeeded")
+
+    @property
+    def failed(self) -> bool:
+        return (self.exit_code is not None and self.exit_code != 0) or (self.phase == "Failed" and not self.succeeded)
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and self.exit_code is None and not self.terminating
+
+
+def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
+    value = labels.get(key)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
+    """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    exit_code: int | None = None
+    finished_at = ""
+    reason = str(status.get("reason") or "")
+    for cs in status.get("containerStatuses") or []:
+        terminated = ((cs or {}).get("state") or {}).get("terminated")
+        if cs.get("name") == trainer and terminated and isinstance(terminated.get("exitCode"), int):
+            exit_code = terminated["exitCode"]
+            finished_at = str(terminated.get("finishedAt") or "")
+    if exit_code is None and status.get("phase") == "Failed" and not reason:
+        for cs in status.get("initContainerStatuses") or []:
+            terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode") not in (None, 0):
+                reason = f"init container {cs.get('name')} exited with code {terminated['exitCode']}"
+                break
+    return PodView(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        rank=_label_int(labels, api.LABEL_RANK),
+        attempt=_label_int(labels, api.LABEL_ATTEMPT),
+        spec_hash=str((meta.get("annotations") or {}).get(api.ANNOTATION_SPEC_HASH, "")),
+        phase=str(status.get("phase") or "Pending"),
+        terminating=bool(meta.get("deletionTimestamp")),
+        exit_code=exit_code,
+        finished_at=finished_at,
+        reason=reason,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """One rank that stopped the gang."""
+
+    rank: int
+    pod: str
+    exit_code: int | None = None
+    cause: str = ""
+    """Without an exit code: deleted, evicted, an init container failed..."""
+    finished_at: str = ""
+
+    def describe(self) -> str:
+        if self.exit_code is not None:
+            return f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code}"
+        return f"rank {self.rank} (pod {self.pod}) {self.cause or 'failed'}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    """The pods of one attempt, summarised."""
+
+    current: Mapping[int, PodView]
+    """Rank -> pod of the current attempt."""
+    stale: tuple[PodView, ...]
+    """Pods of other attempts (or outside the rank range): always to be deleted."""
+    missing: tuple[int, ...]
+    failures: tuple[Failure, ...]
+    outdated: bool
+    """A pod of this attempt was built from another spec (edited while suspended)."""
+
+    @property
+    def running(self) -> int:
+        return sum(p.running for p in self.current.values())
+
+    @property
+    def succeeded(self) -> int:
+        return sum(p.succeeded for p in self.current.values())
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def active(self) -> int:
+        return sum(not (p.succeeded or p.failed or p.terminating) for p in self.current.values())
+
+    def all_succeeded(self, replicas: int) -> bool:
+        return not self.missing and self.succeeded == replicas
+
+    def all_started(self, replicas: int) -> bool:
+        """Every rank runs or has finished well; at least one still runs."""
+        return not self.missing and self.running > 0 and self.running + self.succeeded == replicas
+
+
+def observe(
+    pods: Iterable[PodView], *, job_name: str, attempt: int, replicas: int, spec_hash: str, launched: bool
+) -> Observation:
+    """Sort the job's pods into this attempt's ranks and stale ones, and find the failed ranks.
+
+    A rank whose pod is missing or terminating after the attempt was launched was deleted or
+    evicted: that counts as a failure. Before launch, a missing rank is simply not created yet.
+    """
+    current: dict[int, PodView] = {}
+    stale: list[PodView] = []
+    for pod in pods:
+        if pod.attempt == attempt and pod.rank is not None and 0 <= pod.rank < replicas and pod.rank not in current:
+            current[pod.rank] = pod
+        else:
+            stale.append(pod)
+    failures: list[Failure] = []
+    for rank in range(replicas):
+        found = current.get(rank)
+        if found is None:
+            if launched:
+                failures.append(Failure(rank=rank, pod=f"{job_name}-{rank}", cause="was deleted"))
+        elif found.failed:
+            cause = found.reason and (found.reason if " " in found.reason else f"failed: {found.reason}")
+            failure = Failure(rank=rank, pod=found.name, exit_code=found.exit_code, cause=cause)
+            failures.append(replace(failure, finished_at=found.finished_at))
+        elif found.terminating and not found.succeeded:
+            failures.append(Failure(rank=rank, pod=found.name, cause="was deleted or evicted"))
+    missing = tuple(r for r in range(replicas) if r not in current)
+    return Observation(
+        current=current,
+        stale=tuple(stale),
+        missing=missing,
+        failures=tuple(failures),
+        outdated=any(p.spec_hash != spec_hash for p in current.values()),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The status the operator writes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+    last_transition_time: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "status": "True" if self.status else "False",
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": from_time(self.last_transition_time),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    """Everything the operator remembers about a job, plus the counts it last observed."""
+
+    phase: Phase = Phase.NEW
+    attempt: int = 0
+    restarts: int = 0
+    launched_attempt: int = -1
+    """The last attempt whose pods were all seen to exist; a rank missing after that was deleted."""
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    running: int = 0
+    replicas: int = 0
+    observed_generation: int = 0
+    conditions: tuple[Condition, ...] = field(default_factory=tuple)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def with_condition(self, type_: str, status: bool, reason: str, message: str, now: datetime) -> JobStatus:
+        """Set one condition; its transition time moves only when its status flips."""
+        old = self.condition(type_)
+        if old and old.status == status and old.reason == reason and old.message == message:
+            return self
+        when = old.last_transition_time if old and old.status == status else now
+        new = Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=when)
+        others = tuple(c for c in self.conditions if c.type != type_)
+        rank = {t: i for i, t in enumerate(CONDITION_TYPES)}
+        ordered = sorted((*others, new), key=lambda c: rank.get(c.type, len(rank)))
+        return replace(self, conditions=tuple(ordered))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status fields the operator owns; merged over the old status so others' fields survive."""
+        return {
+            "phase": self.phase.value or None,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "launchedAttempt": self.launched_attempt,
+            "startTime": from_time(self.start_time),
+            "completionTime": from_time(self.completion_time),
+            "replicas": {"active": self.active, "succeeded": self.succeeded, "failed": self.failed},
+            "ready": f"{self.running}/{self.replicas}",
+            "observedGeneration": self.observed_generation,
+            "conditions": [c.to_dict() for c in self.conditions],
+        }
+
+
+def _nonneg(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
+    """Read back what ``to_dict`` wrote; tolerant of a missing or partial status."""
+    status = status or {}
+    try:
+        phase = Phase(status.get("phase") or "")
+    except ValueError:
+        phase = Phase.NEW
+    conditions: list[Condition] = []
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and isinstance(c.get("type"), str):
+            conditions.append(
+                Condition(
+                    type=c["type"],
+                    status=c.get("status") == "True",
+                    reason=str(c.get("reason") or ""),
+                    message=str(c.get("message") or ""),
+                    last_transition_time=to_time(c.get("lastTransitionTime")),
+                )
+            )
+    counts: Mapping[str, Any] = status["replicas"] if isinstance(status.get("replicas"), Mapping) else {}
+    ready = str(status.get("ready") or "0/0").partition("/")
+    launched = status.get("launchedAttempt")
+    return JobStatus(
+        phase=phase,
+        attempt=_nonneg(status.get("attempt")),
+        restarts=_nonneg(status.get("restarts")),
+        launched_attempt=launched if isinstance(launched, int) and not isinstance(launched, bool) else -1,
+        start_time=to_time(status.get("startTime")),
+        completion_time=to_time(status.get("completionTime")),
+        active=_nonneg(counts.get("active")),
+        succeeded=_nonneg(counts.get("succeeded")),
+        failed=_nonneg(counts.get("failed")),
+        running=_nonneg(int(ready[0]) if ready[0].isdigit() else 0),
+        replicas=_nonneg(int(ready[2]) if ready[2].isdigit() else 0),
+        observed_generation=_nonneg(status.get("observedGeneration")),
+        conditions=tuple(conditions),
+    )
+
+
+def summarize(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
+    """Copy the observed counts into the status."""
+    return replace(
+        status,
+        active=observation.active,
+        succeeded=observation.succeeded,
+        failed=observation.failed,
+        running=observation.running,
+        replicas=replicas,
+    )
+
+
+def sorted_failures(failures: Sequence[Failure]) -> list[Failure]:
+    """Earliest first (by the trainer's finish time; unknown times last), then by rank."""
+    return sorted(failures, key=lambda f: (f.finished_at == "", f.finished_at, f.rank))
