@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,13 +24,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except errors.PermanentError as err:  # before torch is imported: bad options fail fast
         print(f"ddp_trainer: error: {_one_line(err)}", file=sys.stderr)
         return errors.EXIT_PERMANENT
-    logging.basicConfig(
-        stream=sys.stdout,
-        level=logging.INFO if launch.rank == 0 else logging.WARNING,
-        format="%(asctime)s %(message)s" if launch.rank == 0 else f"%(asctime)s rank {launch.rank}: %(message)s",
-        datefmt="%H:%M:%S",
-    )
     from ddp_trainer import distributed, train  # imports torch
+
+    train.setup_logging(launch.rank)
 
     try:
         train.run(cfg, launch)

@@ -20,17 +20,17 @@ from ddp_trainer.config import DistConfig
 from ddp_trainer.errors import ConfigError, RetryableError
 from ddp_trainer.launch import Launch
 
-# Fragments of the messages gloo and NCCL raise as plain RuntimeErrors when a peer disappears
-# or a collective times out. Newer torch raises DistError subclasses; these cover the rest.
+# Fragments of the messages gloo raises as plain RuntimeErrors when a peer disappears ("Read error
+# ... Connection reset by peer") or a collective times out ("Timed out waiting 3000ms for recv").
+# The store and NCCL raise DistError subclasses, which are caught by type.
 _RETRYABLE_MESSAGES = (
     "connection closed by peer",
     "connection reset by peer",
     "connection refused",
     "broken pipe",
     "timed out",
-    "timeout",
+    "socket timeout",
     "nccl",
-    "gloo",
 )
 
 

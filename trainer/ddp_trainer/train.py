@@ -34,6 +34,16 @@ log = logging.getLogger("ddp_trainer")
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def setup_logging(rank: int) -> None:
+    """Rank 0 logs progress to stdout; the other ranks only warnings, prefixed with their rank."""
+    logging.basicConfig(
+        stream=sys.stdout,
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(message)s" if rank == 0 else f"%(asctime)s rank {rank}: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
 @dataclass
 class Result:
     """What a finished run leaves behind (tests compare ``model`` across ranks and runs)."""

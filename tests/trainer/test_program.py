@@ -1,0 +1,170 @@
+"""``python -m ddp_trainer`` as users and the operator start it: exit codes, metrics, launchers, signals."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddp_trainer import metric_names as names
+from ddp_trainer.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
+
+from .procs import TINY, TORCHRUN, clean_env, explain, free_ports, processes, rank_env, run_ranks, trainer
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--data", "imagefolder", "--data-dir", "/no/such/dir"], {}, "--data-dir"),
+        (["--data", "cifar10", "--data-dir", "/no/such/dir"], {}, "/no/such/dir"),
+        (["--batch-size", "0"], {}, "--batch-size"),
+        ([], {"TRAIN_BATCH_SIZE": "0"}, "TRAIN_BATCH_SIZE"),
+        ([], {"WORLD_SIZE": "2"}, "MASTER_ADDR"),
+        (["--model", "resnet51"], {}, "--model"),
+    ],
+    ids=["missing-data-dir", "missing-cifar-dir", "batch-size-0", "batch-size-0-env", "no-master-addr", "unknown-model"],
+)
+def test_bad_input_prints_one_line_naming_the_option_and_exits_with_the_permanent_code(
+    args: list[str], env: dict[str, str], named: str
+) -> None:
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*args), clean_env(**env)))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == EXIT_PERMANENT, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert named in lines[0]
+    assert lines[0].startswith("ddp_trainer: error:")
+
+
+def test_resnet18_trains_20_steps_in_one_process_with_no_environment_set() -> None:
+    args = ("--model", "resnet18", "--steps", "20", "--image-size", "32", "--batch-size", "4", "--num-workers", "1")
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*args), clean_env()))
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "step=20/20" in done.stdout
+    assert "world size 1, backend none" in done.stdout
+    assert re.search(r"^\S+ \| resnet18 \| 1 \| 4 \|", done.stdout, re.MULTILINE), done.stdout
+
+
+def test_the_same_program_runs_under_torchrun_with_two_processes() -> None:
+    args = ["--nproc-per-node", "2", "--master-port", str(free_ports(1)), "-m", "ddp_trainer", *TINY, "--steps", "4"]
+    with processes() as procs:
+        done = procs.wait(procs.start([str(TORCHRUN), *args], clean_env()))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert "world size 2, backend gloo" in done.stdout
+    assert "step=4/4" in done.stdout
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample on /metrics as ``name{label=value,...}`` -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def test_every_rank_serves_all_metrics_with_counts_equal_to_the_steps_done() -> None:
+    steps, batch = 5, 4
+    port = free_ports(2)  # each rank serves on METRICS_PORT + LOCAL_RANK
+    master = free_ports(1)
+    args = trainer(*TINY, "--steps", str(steps), "--metrics-linger-seconds", "120")
+    with processes() as procs:
+        for rank in range(2):
+            procs.start(args, rank_env(rank, 2, master, METRICS_PORT=str(port)))
+        scraped = []
+        for rank in range(2):
+            deadline = time.monotonic() + 120
+            while True:
+                assert procs.procs[rank].poll() is None, "the rank exited before it could be scraped"
+                try:
+                    samples = scrape(port + rank)
+                    if samples.get(names.STEPS_TOTAL) == steps:
+                        break
+                except OSError:
+                    pass  # not serving yet
+                assert time.monotonic() < deadline, "the rank never reported all its steps"
+                time.sleep(0.5)
+            scraped.append(samples)
+
+    for rank, samples in enumerate(scraped):
+        assert samples[f"{names.STEP_SECONDS}_count"] == steps, rank
+        for phase in names.PHASES:
+            assert samples[f"{names.PHASE_SECONDS}_count{{phase={phase}}}"] == steps, (rank, phase)
+        assert samples[names.STEPS_TOTAL] == steps
+        assert samples[names.SAMPLES_TOTAL] == steps * batch
+        assert samples[names.PROCESS_GROUP_READY] == 1
+        assert samples[names.LAST_STEP_TIMESTAMP_SECONDS] > 1e9  # a Unix time
+        assert samples[names.LOSS] > 0
+        info = next(k for k in samples if k.startswith(names.INFO + "{"))
+        for label in ("world_size=2", "backend=gloo", "model=tinycnn", "batch_size=4"):
+            assert label in info, info
+        assert "rank" not in info
+
+
+def test_a_lost_peer_makes_the_survivor_exit_with_the_retryable_code(tmp_path: Path) -> None:
+    args = trainer(*TINY, "--steps", "6", "--crash-at-step", "2", "--crash-rank", "1", "--pg-timeout-seconds", "60")
+    with processes() as procs:
+        done = run_ranks(procs, args)
+    assert done[1].returncode == -9, explain(done)
+    assert done[0].returncode == EXIT_RETRYABLE, explain(done)
+    assert "ddp_trainer: retryable:" in done[0].stderr
+    assert "Traceback" not in done[0].stderr
+
+
+def test_sigterm_during_a_blocked_collective_exits_with_143_and_leaves_only_complete_checkpoints(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 sleeps for minutes each step, so rank 0 sits in the gradient all-reduce when SIGTERM
+    # comes: a plain Python signal handler would not run until the 300 s collective timeout.
+    ckpt = tmp_path / "ckpt"
+    args = trainer(
+        *TINY, "--steps", "50", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "1",
+        "--slow-rank", "1", "--slow-seconds", "300",
+    )  # fmt: skip
+    master = free_ports(1)
+    with processes() as procs:
+        rank0 = procs.start(args, rank_env(0, 2, master))
+        procs.start(args, rank_env(1, 2, master))
+        assert rank0.stdout is not None
+        assert "training tinycnn" in rank0.stdout.readline()  # joined the group; next it waits on rank 1
+        time.sleep(1)
+        rank0.terminate()
+        done = procs.wait(rank0, timeout=60)
+    assert done.returncode == EXIT_SIGTERM, done.stdout + done.stderr
+    assert "stopping on SIGTERM" in done.stderr
+    for path in ckpt.glob("*") if ckpt.exists() else []:
+        assert re.fullmatch(r"step-\d{9}\.pt", path.name), f"partial file left: {path.name}"
+        torch.load(path, weights_only=True)
+
+
+def test_sigterm_while_a_checkpoint_is_being_written_removes_the_partial_file(tmp_path: Path) -> None:
+    partial = tmp_path / ".step-000000001.pt.tmp-1"
+    script = (
+        "import sys, time\n"
+        "from ddp_trainer import signals\n"
+        "signals.install()\n"
+        "with signals.partial_file(sys.argv[1]):\n"
+        "    with open(sys.argv[1], 'wb') as f:\n"
+        "        f.write(b'half a checkpoint'); f.flush()\n"
+        "        print('writing', flush=True)\n"
+        "        time.sleep(120)\n"
+    )
+    with processes() as procs:
+        p = procs.start([sys.executable, "-c", script, str(partial)], clean_env())
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "writing"
+        assert partial.exists()
+        p.terminate()
+        done = procs.wait(p, timeout=30)
+    assert done.returncode == EXIT_SIGTERM
+    assert not partial.exists()
