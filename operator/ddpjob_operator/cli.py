@@ -37,6 +37,8 @@ def _run_operator(args: argparse.Namespace) -> int:
 
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("ddpjob_operator").setLevel(logging.INFO)
+    if not args.verbose:  # Kopf logs every handled event at INFO; our transitions are enough
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         standalone=True,  # one replica; no peering CRD to install
         clusterwide=not args.namespace,
