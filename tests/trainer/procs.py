@@ -29,7 +29,7 @@ def free_ports(n: int) -> int:
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
+            base: int = s.getsockname()[1]
         if base + n > 65535:
             continue
         try:
@@ -132,4 +132,6 @@ def run_ranks(procs: Procs, command: Sequence[str], world: int = 2, **extra: str
 
 
 def explain(done: Sequence[Done]) -> str:
-    return "\n".join(f"--- rank {i} rc={d.returncode}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}" for i, d in enumerate(done))
+    return "\n".join(
+        f"--- rank {i} rc={d.returncode}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}" for i, d in enumerate(done)
+    )

@@ -30,7 +30,7 @@ def one_process_on_the_concatenated_batches(steps: int, accum: int) -> dict[str,
     dataset = data.SyntheticImages(samples=64, image_size=16, num_classes=data.SYNTHETIC_CLASSES, seed=0)
     orders = []
     for rank in range(2):
-        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
         sampler.set_epoch(0)
         orders.append(list(sampler))
     per_step = 4 * accum
@@ -40,7 +40,7 @@ def one_process_on_the_concatenated_batches(steps: int, accum: int) -> dict[str,
         labels = torch.tensor([dataset[i][1] for i in indices])
         loss = nn.functional.cross_entropy(model(images), labels)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     return model.state_dict()
 

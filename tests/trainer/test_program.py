@@ -28,7 +28,14 @@ from .procs import TINY, TORCHRUN, clean_env, explain, free_ports, processes, ra
         ([], {"WORLD_SIZE": "2"}, "MASTER_ADDR"),
         (["--model", "resnet51"], {}, "--model"),
     ],
-    ids=["missing-data-dir", "missing-cifar-dir", "batch-size-0", "batch-size-0-env", "no-master-addr", "unknown-model"],
+    ids=[
+        "missing-data-dir",
+        "missing-cifar-dir",
+        "batch-size-0",
+        "batch-size-0-env",
+        "no-master-addr",
+        "unknown-model",
+    ],
 )
 def test_bad_input_prints_one_line_naming_the_option_and_exits_with_the_permanent_code(
     args: list[str], env: dict[str, str], named: str

@@ -27,9 +27,9 @@ Amp = Literal["none", "bf16", "fp16"]
 Strategy = Literal["ddp", "dp"]
 
 
-def opt(default: Any, help: str, *, env: str | None = None) -> Any:
-    """A field that is also an option; ``help`` is its documentation, ``env`` overrides its env name."""
-    return field(default=default, metadata={"help": help, "env": env})
+def doc(help: str, *, env: str | None = None) -> dict[str, str | None]:
+    """Field metadata of an option: ``help`` documents it, ``env`` overrides its env variable's name."""
+    return {"help": help, "env": env}
 
 
 def flag_name(f: dataclasses.Field[Any]) -> str:
@@ -68,11 +68,17 @@ class _Section:
 
 @dataclass(kw_only=True, frozen=True)
 class ModelConfig(_Section):
-    model: ModelName = opt("resnet50", "Model: resnet50, resnet18 (torchvision, random init) or tinycnn.")
-    image_size: int = opt(224, "Square image side in pixels; use 32-64 for quick CPU runs.")
-    num_classes: int = opt(0, "Number of classes; 0 takes it from the data (1000 for synthetic).")
-    channels_last: bool = opt(False, "Use the channels_last memory format (faster convolutions on GPU).")
-    compile: bool = opt(False, "Wrap the model in torch.compile.")
+    model: ModelName = field(
+        default="resnet50", metadata=doc("Model: resnet50, resnet18 (torchvision, random init) or tinycnn.")
+    )
+    image_size: int = field(default=224, metadata=doc("Square image side in pixels; use 32-64 for quick CPU runs."))
+    num_classes: int = field(
+        default=0, metadata=doc("Number of classes; 0 takes it from the data (1000 for synthetic).")
+    )
+    channels_last: bool = field(
+        default=False, metadata=doc("Use the channels_last memory format (faster convolutions on GPU).")
+    )
+    compile: bool = field(default=False, metadata=doc("Wrap the model in torch.compile."))
 
     def validate(self) -> None:
         self._at_least("image_size", 8)
@@ -81,15 +87,23 @@ class ModelConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class DataConfig(_Section):
-    data: DataSource = opt(
-        "synthetic",
-        "Data source: synthetic (random images and labels), imagefolder (--data-dir/<class>/<image>) "
-        "or cifar10 (the python-pickle batches in --data-dir). Nothing is downloaded.",
+    data: DataSource = field(
+        default="synthetic",
+        metadata=doc(
+            "Data source: synthetic (random images and labels), imagefolder (--data-dir/<class>/<image>) "
+            "or cifar10 (the python-pickle batches in --data-dir). Nothing is downloaded."
+        ),
     )
-    data_dir: str = opt("", "Directory of the imagefolder or cifar10 data.")
-    synthetic_samples: int = opt(1_281_167, "Samples in one synthetic epoch (default: ImageNet's size).")
-    num_workers: int = opt(2, "DataLoader worker processes per rank; 0 loads in the training process.")
-    pin_memory: bool = opt(True, "Pin host memory for faster copies to the GPU (ignored on CPU).")
+    data_dir: str = field(default="", metadata=doc("Directory of the imagefolder or cifar10 data."))
+    synthetic_samples: int = field(
+        default=1_281_167, metadata=doc("Samples in one synthetic epoch (default: ImageNet's size).")
+    )
+    num_workers: int = field(
+        default=2, metadata=doc("DataLoader worker processes per rank; 0 loads in the training process.")
+    )
+    pin_memory: bool = field(
+        default=True, metadata=doc("Pin host memory for faster copies to the GPU (ignored on CPU).")
+    )
 
     def validate(self) -> None:
         self._at_least("synthetic_samples", 1)
@@ -103,20 +117,34 @@ class DataConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class OptimConfig(_Section):
-    batch_size: int = opt(32, "Batch size per rank (per micro-batch when accumulating gradients).")
-    steps: int = opt(0, "Optimizer steps to train for; 0 means run --epochs full epochs instead.")
-    epochs: int = opt(1, "Epochs to train for when --steps is 0.")
-    grad_accum_steps: int = opt(1, "Micro-batches per optimizer step; gradients sync only on the last.")
-    lr: float = opt(0.1, "Peak learning rate of SGD.")
-    lr_schedule: Schedule = opt("cosine", "Schedule after warm-up: constant, cosine (to 0) or step.")
-    lr_warmup_steps: int = opt(0, "Steps of linear warm-up from 0 to --lr.")
-    lr_step_size: int = opt(1000, "With --lr-schedule step: multiply the lr by --lr-gamma every this many steps.")
-    lr_gamma: float = opt(0.1, "With --lr-schedule step: the decay factor.")
-    momentum: float = opt(0.9, "SGD momentum.")
-    weight_decay: float = opt(1e-4, "SGD weight decay.")
-    amp: Amp = opt("none", "Automatic mixed precision: none, bf16, or fp16 (with a gradient scaler).")
-    seed: int = opt(0, "Seed for model init, data order and augmentation.")
-    deterministic: bool = opt(False, "Use deterministic algorithms only (bit-exact resume; slower on GPU).")
+    batch_size: int = field(
+        default=32, metadata=doc("Batch size per rank (per micro-batch when accumulating gradients).")
+    )
+    steps: int = field(
+        default=0, metadata=doc("Optimizer steps to train for; 0 means run --epochs full epochs instead.")
+    )
+    epochs: int = field(default=1, metadata=doc("Epochs to train for when --steps is 0."))
+    grad_accum_steps: int = field(
+        default=1, metadata=doc("Micro-batches per optimizer step; gradients sync only on the last.")
+    )
+    lr: float = field(default=0.1, metadata=doc("Peak learning rate of SGD."))
+    lr_schedule: Schedule = field(
+        default="cosine", metadata=doc("Schedule after warm-up: constant, cosine (to 0) or step.")
+    )
+    lr_warmup_steps: int = field(default=0, metadata=doc("Steps of linear warm-up from 0 to --lr."))
+    lr_step_size: int = field(
+        default=1000, metadata=doc("With --lr-schedule step: multiply the lr by --lr-gamma every this many steps.")
+    )
+    lr_gamma: float = field(default=0.1, metadata=doc("With --lr-schedule step: the decay factor."))
+    momentum: float = field(default=0.9, metadata=doc("SGD momentum."))
+    weight_decay: float = field(default=1e-4, metadata=doc("SGD weight decay."))
+    amp: Amp = field(
+        default="none", metadata=doc("Automatic mixed precision: none, bf16, or fp16 (with a gradient scaler).")
+    )
+    seed: int = field(default=0, metadata=doc("Seed for model init, data order and augmentation."))
+    deterministic: bool = field(
+        default=False, metadata=doc("Use deterministic algorithms only (bit-exact resume; slower on GPU).")
+    )
 
     def validate(self) -> None:
         self._at_least("batch_size", 1)
@@ -135,14 +163,17 @@ class OptimConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class DistConfig(_Section):
-    strategy: Strategy = opt(
-        "ddp",
-        "ddp: one process per device (the real thing). dp: single-process nn.DataParallel, "
-        "only for measuring the DP vs DDP comparison; never use it for training.",
+    strategy: Strategy = field(
+        default="ddp",
+        metadata=doc(
+            "ddp: one process per device (the real thing). dp: single-process nn.DataParallel, "
+            "only for measuring the DP vs DDP comparison; never use it for training."
+        ),
     )
-    bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size in MiB.")
-    pg_timeout_seconds: float = opt(
-        300.0, "Collective timeout; a rank waiting longer for a peer exits with the retryable code."
+    bucket_cap_mb: float = field(default=25.0, metadata=doc("DDP gradient bucket size in MiB."))
+    pg_timeout_seconds: float = field(
+        default=300.0,
+        metadata=doc("Collective timeout; a rank waiting longer for a peer exits with the retryable code."),
     )
 
     def validate(self) -> None:
@@ -154,11 +185,14 @@ class DistConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class CheckpointConfig(_Section):
-    checkpoint_dir: str = opt(
-        "", "Directory for checkpoints; resume from the latest one in it. Empty: none.", env="CHECKPOINT_DIR"
+    checkpoint_dir: str = field(
+        default="",
+        metadata=doc("Directory for checkpoints; resume from the latest one in it. Empty: none.", env="CHECKPOINT_DIR"),
     )
-    checkpoint_interval: int = opt(0, "Write a checkpoint every this many steps; 0: only at the end.")
-    checkpoint_keep: int = opt(3, "How many complete checkpoints to keep.")
+    checkpoint_interval: int = field(
+        default=0, metadata=doc("Write a checkpoint every this many steps; 0: only at the end.")
+    )
+    checkpoint_keep: int = field(default=3, metadata=doc("How many complete checkpoints to keep."))
 
     def validate(self) -> None:
         self._at_least("checkpoint_interval", 0)
@@ -167,11 +201,14 @@ class CheckpointConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class ObserveConfig(_Section):
-    metrics_port: int = opt(
-        0, "Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env="METRICS_PORT"
+    metrics_port: int = field(
+        default=0,
+        metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env="METRICS_PORT"),
     )
-    metrics_linger_seconds: float = opt(0.0, "Keep serving /metrics this long after training ends.")
-    log_interval: int = opt(10, "Rank 0 logs one line every this many steps.")
+    metrics_linger_seconds: float = field(
+        default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
+    )
+    log_interval: int = field(default=10, metadata=doc("Rank 0 logs one line every this many steps."))
 
     def validate(self) -> None:
         if not 0 <= self.metrics_port <= 65535:
@@ -182,10 +219,14 @@ class ObserveConfig(_Section):
 
 @dataclass(kw_only=True, frozen=True)
 class DebugConfig(_Section):
-    slow_rank: int = opt(-1, "Debug: the rank that sleeps --slow-seconds every step (a straggler); -1: none.")
-    slow_seconds: float = opt(0.0, "Debug: how long --slow-rank sleeps each step.")
-    crash_at_step: int = opt(0, "Debug: SIGKILL the process after this step (and its checkpoint); 0: never.")
-    crash_rank: int = opt(-1, "Debug: the rank --crash-at-step kills; -1: every rank.")
+    slow_rank: int = field(
+        default=-1, metadata=doc("Debug: the rank that sleeps --slow-seconds every step (a straggler); -1: none.")
+    )
+    slow_seconds: float = field(default=0.0, metadata=doc("Debug: how long --slow-rank sleeps each step."))
+    crash_at_step: int = field(
+        default=0, metadata=doc("Debug: SIGKILL the process after this step (and its checkpoint); 0: never.")
+    )
+    crash_rank: int = field(default=-1, metadata=doc("Debug: the rank --crash-at-step kills; -1: every rank."))
 
     def validate(self) -> None:
         self._at_least("slow_rank", -1)

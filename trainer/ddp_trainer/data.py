@@ -72,14 +72,16 @@ class CifarBatches(Dataset[Sample]):
                 f"--data-dir (TRAIN_DATA_DIR) {directory!r} has no CIFAR-10 data_batch_* files; "
                 "point it at the extracted cifar-10-batches-py directory"
             )
-        images, labels = [], []
+        images: list[torch.Tensor] = []
+        labels: list[int] = []
         for name in names:
             path = os.path.join(directory, name)
             try:
                 with open(path, "rb") as f:
                     # The official format is a pickle; only point this at files you trust.
                     batch = pickle.load(f, encoding="bytes")
-                images.append(torch.as_tensor(bytearray(batch[b"data"])).view(-1, 3, 32, 32))
+                pixels = bytearray(batch[b"data"])  # bytes or a numpy uint8 array: both expose a buffer
+                images.append(torch.frombuffer(pixels, dtype=torch.uint8).view(-1, 3, 32, 32))
                 labels.extend(int(label) for label in batch[b"labels"])
             except (OSError, pickle.UnpicklingError, KeyError, EOFError, RuntimeError, TypeError) as err:
                 raise DataError(f"CIFAR-10 file {path!r} is unreadable ({err}); replace it") from None
@@ -87,8 +89,10 @@ class CifarBatches(Dataset[Sample]):
         self.labels = labels
         self.transform = transform
         if len(self.labels) != len(self.images):
-            raise DataError(f"CIFAR-10 files in {directory!r} have {len(self.labels)} labels for "
-                            f"{len(self.images)} images; replace them")
+            raise DataError(
+                f"CIFAR-10 files in {directory!r} have {len(self.labels)} labels for "
+                f"{len(self.images)} images; replace them"
+            )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -100,7 +104,7 @@ class CifarBatches(Dataset[Sample]):
 class ResumableSampler(Sampler[int]):
     """A DistributedSampler that can start part-way into an epoch, to resume mid-epoch."""
 
-    def __init__(self, inner: DistributedSampler[Sample]) -> None:
+    def __init__(self, inner: DistributedSampler[int]) -> None:
         self.inner = inner
         self.start = 0
 
@@ -156,13 +160,13 @@ def _train_transform(image_size: int, *, from_tensor: bool) -> Transform:
 def _source(cfg: DataConfig, image_size: int, num_classes: int, seed: int) -> Seeded | SyntheticImages:
     if cfg.data == "synthetic":
         classes = num_classes or SYNTHETIC_CLASSES
-        return SyntheticImages(
-            samples=cfg.synthetic_samples, image_size=image_size, num_classes=classes, seed=seed
-        )
+        return SyntheticImages(samples=cfg.synthetic_samples, image_size=image_size, num_classes=classes, seed=seed)
     if cfg.data == "cifar10":
         directory = cfg.data_dir
         nested = os.path.join(directory, "cifar-10-batches-py")
-        cifar = CifarBatches(nested if os.path.isdir(nested) else directory, _train_transform(image_size, from_tensor=True))
+        cifar = CifarBatches(
+            nested if os.path.isdir(nested) else directory, _train_transform(image_size, from_tensor=True)
+        )
         return Seeded(cifar, length=len(cifar), num_classes=num_classes or 10, seed=seed)
     from torchvision.datasets import ImageFolder
 

@@ -78,8 +78,7 @@ def pick_device(launch: Launch) -> torch.device:
     count = torch.cuda.device_count()
     if launch.local_rank >= count:
         raise ConfigError(
-            f"LOCAL_RANK={launch.local_rank} but this machine has {count} GPU(s); "
-            "start at most one process per GPU"
+            f"LOCAL_RANK={launch.local_rank} but this machine has {count} GPU(s); start at most one process per GPU"
         )
     torch.cuda.set_device(launch.local_rank)
     return torch.device("cuda", launch.local_rank)

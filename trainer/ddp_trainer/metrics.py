@@ -73,13 +73,9 @@ class Metrics:
         self.samples = Counter(
             _base(SAMPLES_TOTAL, "_total"), "Samples this process has trained on.", registry=self.registry
         )
-        self.last_step = Gauge(
-            LAST_STEP_TIMESTAMP_SECONDS, "Unix time the last step finished.", registry=self.registry
-        )
+        self.last_step = Gauge(LAST_STEP_TIMESTAMP_SECONDS, "Unix time the last step finished.", registry=self.registry)
         self.loss = Gauge(LOSS, "Loss of the last step on this rank.", registry=self.registry)
-        self.pg_ready = Gauge(
-            PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry
-        )
+        self.pg_ready = Gauge(PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry)
         self.info = Info(_base(INFO, "_info"), "Static facts about this training run.", registry=self.registry)
         for phase in PHASES:  # export every series from the start, at zero
             self.phase_seconds.labels(phase)

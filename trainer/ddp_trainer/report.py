@@ -15,9 +15,7 @@ def warmup_steps(n: int) -> int:
     return min(10, n // 10)
 
 
-def summary_lines(
-    cfg: Config, world_size: int, backend: str, device: str, timings: Sequence[StepTiming]
-) -> list[str]:
+def summary_lines(cfg: Config, world_size: int, backend: str, device: str, timings: Sequence[StepTiming]) -> list[str]:
     if not timings:
         return ["summary: no steps run"]
     skip = warmup_steps(len(timings))

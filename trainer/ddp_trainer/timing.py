@@ -8,6 +8,7 @@ copied to pinned host memory on the stream, so reading it later does not synchro
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ class StepTimer:
     def mark(self, phase: str) -> None:
         """The phase named ``phase`` ends now (``start`` opens the step)."""
         if self.on_gpu:
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             event.record()
             self._gpu_marks.append((phase, event))
         else:
@@ -58,8 +59,8 @@ class StepTimer:
     def finish(self, step: int, samples: int, loss: torch.Tensor) -> None:
         """Close the step; ``loss`` is the step's loss as a 0-d tensor on the device."""
         if not self.on_gpu:
-            marks, self._cpu_marks = self._cpu_marks, []
-            phases, total = _phase_sums(marks, lambda a, b: b - a)
+            cpu_marks, self._cpu_marks = self._cpu_marks, []
+            phases, total = _phase_sums(cpu_marks, lambda a, b: b - a)
             self._done.append(_timing(step, samples, total, phases, float(loss)))
             return
         host_loss = torch.empty((), dtype=loss.dtype, pin_memory=True)
@@ -70,7 +71,7 @@ class StepTimer:
 
     def poll(self) -> list[StepTiming]:
         """Timings of the steps whose events have completed, oldest first; never blocks."""
-        while self._pending and self._pending[0].marks[-1][1].query():
+        while self._pending and self._pending[0].marks[-1][1].query():  # type: ignore[no-untyped-call]
             self._done.append(self._read(self._pending.popleft()))
         done, self._done = self._done, []
         return done
@@ -90,7 +91,7 @@ class StepTimer:
 def _phase_sums(marks: Sequence[tuple[str, T]], between: Callable[[T, T], float]) -> tuple[dict[str, float], float]:
     """Sum the intervals by the phase that ends them (a phase repeats when accumulating)."""
     phases: dict[str, float] = {}
-    for (_, earlier), (phase, later) in zip(marks, marks[1:], strict=False):
+    for (_, earlier), (phase, later) in itertools.pairwise(marks):
         if phase != "end":
             phases[phase] = phases.get(phase, 0.0) + between(earlier, later)
     return phases, between(marks[0][1], marks[-1][1])

@@ -96,7 +96,9 @@ def _serve_metrics(metrics: Metrics, cfg: Config, launch: Launch) -> None:
     try:
         metrics.serve(port)
     except OSError as err:
-        raise ConfigError(f"--metrics-port (METRICS_PORT): cannot listen on port {port} ({err}); pick a free port") from None
+        raise ConfigError(
+            f"--metrics-port (METRICS_PORT): cannot listen on port {port} ({err}); pick a free port"
+        ) from None
 
 
 def run(cfg: Config, launch: Launch) -> Result:
@@ -138,7 +140,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     total = cfg.optim.steps or cfg.optim.epochs * steps_per_epoch
 
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    model = models.build(cfg.model.model, dataset.num_classes).to(device, memory_format=memory_format)
+    model = models.build(cfg.model.model, dataset.num_classes).to(device).to(memory_format=memory_format)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
     )
@@ -147,9 +149,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     pos = _resume(cfg, d, model, optimizer, scheduler, scaler)
 
     wrapped, ddp = distributed.wrap(model, d, cfg.dist)
-    train_model: Callable[[torch.Tensor], torch.Tensor] = (
-        torch.compile(wrapped) if cfg.model.compile else wrapped  # type: ignore[assignment]
-    )
+    train_model: Callable[[torch.Tensor], torch.Tensor] = torch.compile(wrapped) if cfg.model.compile else wrapped
     metrics.info.info(
         {
             "world_size": str(d.world_size),

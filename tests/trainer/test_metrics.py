@@ -1,0 +1,66 @@
+"""The exported metric names are the contract's, with counts that follow the recorded steps."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddp_trainer import metric_names as names
+from ddp_trainer.metrics import Metrics, StepTiming
+
+
+def families(m: Metrics) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    text = generate_latest(m.registry).decode()
+    return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in text_string_to_metric_families(text)}
+
+
+def sample(m: Metrics, name: str, **labels: str) -> float:
+    for fam in families(m).values():
+        for sname, slabels, value in fam:
+            if sname == name and slabels == labels:
+                return value
+    raise KeyError(name)
+
+
+def step(n: int) -> StepTiming:
+    phases = {"data": 0.001, "forward": 0.01, "backward": 0.02, "optimizer": 0.003}
+    return StepTiming(step=n, samples=32, step_seconds=0.034, phase_seconds=phases, loss=2.5)
+
+
+def test_the_metric_name_constants_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, ddp_trainer.metrics, ddp_trainer.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_contract_metric_is_exported_before_the_first_step() -> None:
+    m = Metrics()
+    exported = {s[0] for fam in families(m).values() for s in fam}
+    for name in (names.STEPS_TOTAL, names.SAMPLES_TOTAL, names.LOSS, names.PROCESS_GROUP_READY):
+        assert name in exported
+    assert f"{names.STEP_SECONDS}_count" in exported
+    for phase in names.PHASES:
+        assert sample(m, f"{names.PHASE_SECONDS}_count", phase=phase) == 0
+    assert names.LAST_STEP_TIMESTAMP_SECONDS in exported
+
+
+def test_recording_steps_counts_steps_and_samples_and_observes_every_phase() -> None:
+    m = Metrics()
+    for n in range(1, 4):
+        m.record(step(n))
+    assert sample(m, names.STEPS_TOTAL) == 3
+    assert sample(m, names.SAMPLES_TOTAL) == 96
+    assert sample(m, f"{names.STEP_SECONDS}_count") == 3
+    for phase in names.PHASES:
+        assert sample(m, f"{names.PHASE_SECONDS}_count", phase=phase) == 3
+    assert sample(m, names.LOSS) == 2.5
+    assert sample(m, names.LAST_STEP_TIMESTAMP_SECONDS) > 0
+
+
+def test_info_carries_the_run_facts_and_no_rank() -> None:
+    m = Metrics()
+    m.info.info({"world_size": "2", "backend": "gloo", "model": "tinycnn"})
+    assert sample(m, names.INFO, world_size="2", backend="gloo", model="tinycnn") == 1
+    assert "rank" not in names.INFO_LABELS
