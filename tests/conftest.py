@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from ddpjob_box.controlplane import ControlPlane
+from ddpjob_box.box import Box, LocalNode
 from ddpjob_box.errors import BoxError
+from ddpjob_box.prometheus import Prometheus
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,34 +31,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @dataclass(frozen=True)
 class Cluster:
-    """What tests need to reach a cluster; ``plane`` is None for an existing cluster."""
+    """What tests need to reach a cluster; ``box`` is None for an existing cluster."""
 
     kubeconfig: Path
-    plane: ControlPlane | None
+    box: Box | None
 
 
-_PLANE: ControlPlane | None = None
+_BOX: Box | None = None
 
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    global _PLANE
+    global _BOX
     if request.config.getoption("--use-existing-cluster"):
         path = os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
-        yield Cluster(kubeconfig=Path(path), plane=None)
+        yield Cluster(kubeconfig=Path(path), box=None)
         return
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
-        plane = ControlPlane(data_dir=Path(tmp) / "box")
+        # The node starts later, on first use: cluster tests drive pod status by hand before it exists.
+        box = Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False)
         try:
-            plane.start()
+            box.start()
         except BoxError as err:
             pytest.fail(f"the control plane did not start: {err}", pytrace=False)
-        _PLANE = plane
+        _BOX = box
         try:
-            yield Cluster(kubeconfig=plane.kubeconfig, plane=plane)
+            assert box.plane is not None
+            yield Cluster(kubeconfig=box.plane.kubeconfig, box=box)
         finally:
-            _PLANE = None
-            plane.stop()
+            _BOX = None
+            box.stop()
+
+
+@pytest.fixture(scope="session")
+def local_node(cluster: Cluster) -> LocalNode:
+    """The box's local node, started on first use; pods bound to it run as real processes."""
+    if cluster.box is None:
+        pytest.skip("the local node exists only in the box, not in an existing cluster")
+    try:
+        return cluster.box.start_node()
+    except BoxError as err:
+        pytest.fail(f"the local node did not start: {err}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster: Cluster, local_node: LocalNode) -> Prometheus:
+    """A real Prometheus scraping every running pod's metrics port."""
+    assert cluster.box is not None
+    if cluster.box.prometheus is None:
+        cluster.box.prometheus = Prometheus(cluster.box.data_dir / "prometheus", local_node.targets_file)
+        try:
+            cluster.box.prometheus.start()
+        except BoxError as err:
+            pytest.fail(f"prometheus did not start: {err}", pytrace=False)
+    return cluster.box.prometheus
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +114,6 @@ def namespace(api_client: Any) -> Iterator[str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
-    if getattr(report, "failed", False) and _PLANE is not None:
-        report.sections.append(("control plane logs (tails)", _PLANE.log_tails()))  # type: ignore[attr-defined]
+    if getattr(report, "failed", False) and _BOX is not None:
+        report.sections.append(("box logs (tails)", _BOX.log_tails()))  # type: ignore[attr-defined]
     return report  # type: ignore[no-any-return]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,7 +19,19 @@ pytestmark = pytest.mark.cluster
 GROUP = "smoke.ddpjob.dev"
 
 
-def _crd(plural: str) -> dict[str, Any]:
+# The garbage collector rediscovers API types every 30 s, so it may not know a brand-new CRD sooner.
+GC_DISCOVERY_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Widgets:
+    plural: str
+    kind: str
+    established_at: float
+
+
+def _crd(plural: str, kind: str) -> dict[str, Any]:
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -25,20 +39,8 @@ def _crd(plural: str) -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"plural": plural, "singular": plural[:-1], "kind": plural[:-1].capitalize()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}},
-                        }
-                    },
-                }
-            ],
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
         },
     }
 
@@ -52,68 +54,46 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def widgets(api_client: Any) -> Any:
-    plural = f"widgets{uuid.uuid4().hex[:4]}"
+def widgets(api_client: Any) -> Iterator[Widgets]:
+    suffix = uuid.uuid4().hex[:4]
+    plural, kind = f"widgets{suffix}", f"Widget{suffix}"
     ext = client.ApiextensionsV1Api(api_client)
-    ext.create_custom_resource_definition(_crd(plural))
+    ext.create_custom_resource_definition(_crd(plural, kind))
 
     def established() -> bool:
         crd = ext.read_custom_resource_definition(f"{plural}.{GROUP}")
         return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
 
     _wait(established, 30, "the CRD to be established")
-    yield plural
+    yield Widgets(plural, kind, time.monotonic())
     ext.delete_custom_resource_definition(f"{plural}.{GROUP}")
 
 
-def test_a_registered_crd_accepts_a_custom_object(api_client: Any, namespace: str, widgets: str) -> None:
+def test_a_registered_crd_accepts_a_custom_object(api_client: Any, namespace: str, widgets: Widgets) -> None:
     custom = client.CustomObjectsApi(api_client)
-    body = {
-        "apiVersion": f"{GROUP}/v1",
-        "kind": widgets[:-1].capitalize(),
-        "metadata": {"name": "w1"},
-        "spec": {"size": 3},
-    }
-    custom.create_namespaced_custom_object(GROUP, "v1", namespace, widgets, body)
-    got = custom.get_namespaced_custom_object(GROUP, "v1", namespace, widgets, "w1")
+    body = {"apiVersion": f"{GROUP}/v1", "kind": widgets.kind, "metadata": {"name": "w1"}, "spec": {"size": 3}}
+    custom.create_namespaced_custom_object(GROUP, "v1", namespace, widgets.plural, body)
+    got = custom.get_namespaced_custom_object(GROUP, "v1", namespace, widgets.plural, "w1")
     assert got["spec"] == {"size": 3}
 
 
-def test_the_garbage_collector_deletes_a_child_when_its_owner_goes(
-    api_client: Any, namespace: str, widgets: str
+def test_the_garbage_collector_deletes_a_child_within_30s_of_its_owner(
+    api_client: Any, namespace: str, widgets: Widgets
 ) -> None:
     custom = client.CustomObjectsApi(api_client)
     core = client.CoreV1Api(api_client)
-    owner = custom.create_namespaced_custom_object(
-        GROUP,
-        "v1",
-        namespace,
-        widgets,
-        {"apiVersion": f"{GROUP}/v1", "kind": widgets[:-1].capitalize(), "metadata": {"name": "owner"}},
-    )
-    core.create_namespaced_config_map(
-        namespace,
-        {
-            "metadata": {
-                "name": "child",
-                "ownerReferences": [
-                    {
-                        "apiVersion": f"{GROUP}/v1",
-                        "kind": owner["kind"],
-                        "name": "owner",
-                        "uid": owner["metadata"]["uid"],
-                    }
-                ],
-            }
-        },
-    )
-    custom.delete_namespaced_custom_object(GROUP, "v1", namespace, widgets, "owner")
+    body = {"apiVersion": f"{GROUP}/v1", "kind": widgets.kind, "metadata": {"name": "owner"}}
+    owner = custom.create_namespaced_custom_object(GROUP, "v1", namespace, widgets.plural, body)
+    reference = {"apiVersion": f"{GROUP}/v1", "kind": widgets.kind, "name": "owner", "uid": owner["metadata"]["uid"]}
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "child", "ownerReferences": [reference]}})
+    time.sleep(max(0.0, widgets.established_at + GC_DISCOVERY_SECONDS + 2 - time.monotonic()))
+    custom.delete_namespaced_custom_object(GROUP, "v1", namespace, widgets.plural, "owner")
 
     def child_gone() -> bool:
         try:
             core.read_namespaced_config_map("child", namespace)
         except ApiException as err:
-            return err.status == 404
+            return bool(err.status == 404)
         return False
 
     _wait(child_gone, 30, "the garbage collector to delete the child")
