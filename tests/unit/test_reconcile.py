@@ -1,0 +1,307 @@
+"""The whole lifecycle as data: plans from (job, remembered status, pods), executed by a fake cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from ddpjob_operator.api import Job
+from ddpjob_operator.reconcile import RESYNC_SECONDS, Plan, plan, plan_invalid
+from ddpjob_operator.status import JobStatus, Phase, PodView
+
+from .factories import job, pod
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class FakeCluster:
+    """Executes plans the way the controller does, against a dict of pods."""
+
+    def __init__(self, j: Job) -> None:
+        self.job = j
+        self.status = JobStatus()
+        self.pods: dict[str, PodView] = {}
+        self.events: list[str] = []
+        self.now = T0
+        self.deleted_job = False
+
+    def step(self, **changes: Any) -> Plan:
+        if changes:
+            self.job = replace(self.job, spec=replace(self.job.spec, **changes))
+        p = plan(self.job, self.status, list(self.pods.values()), self.now)
+        self.status = p.status
+        self.events += [e.reason for e in p.events]
+        for gone in p.delete_pods:
+            # pods without a node go at once; keep it simple and remove them
+            self.pods.pop(gone.name, None)
+        for rank in p.create_ranks:
+            name = f"{self.job.name}-{rank}"
+            assert name not in self.pods, "never create over an existing pod"
+            self.pods[name] = pod(self.job, rank, p.status.attempt)
+        self.deleted_job = self.deleted_job or p.delete_job
+        return p
+
+    def settle(self) -> Plan:
+        """Step until nothing more changes (pods created, launched...)."""
+        for _ in range(5):
+            before = (self.status, dict(self.pods))
+            p = self.step()
+            if (self.status, dict(self.pods)) == before:
+                return p
+        raise AssertionError("did not settle")
+
+    def set(self, rank: int, **facts: Any) -> None:
+        name = f"{self.job.name}-{rank}"
+        self.pods[name] = replace(self.pods[name], **facts)
+
+    def set_all(self, **facts: Any) -> None:
+        for rank in range(self.job.spec.replicas):
+            self.set(rank, **facts)
+
+    def attempts(self) -> set[int | None]:
+        return {p.attempt for p in self.pods.values()}
+
+    def condition(self, type_: str) -> tuple[bool, str, str]:
+        c = self.status.condition(type_)
+        assert c is not None, type_
+        return c.status, c.reason, c.message
+
+
+def running(replicas: int = 2, **spec: Any) -> FakeCluster:
+    c = FakeCluster(job(replicas=replicas, **spec))
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    assert c.status.phase is Phase.RUNNING
+    return c
+
+
+def test_a_new_job_is_pending_and_gets_a_service_and_one_pod_per_rank() -> None:
+    c = FakeCluster(job(replicas=3))
+    p = c.step()
+    assert p.create_service and p.create_ranks == (0, 1, 2)
+    assert c.status.phase is Phase.PENDING and c.status.start_time == T0
+    assert c.condition("Created")[:2] == (True, "Created")
+    assert c.events == ["Created"]
+    c.step()
+    assert c.status.launched_attempt == 0
+    assert c.events == ["Created", "AttemptLaunched"]
+
+
+def test_the_job_runs_once_every_rank_runs() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set(0, phase="Running")
+    c.settle()
+    assert c.status.phase is Phase.PENDING
+    c.set(1, phase="Running")
+    c.settle()
+    assert c.status.phase is Phase.RUNNING
+    assert c.condition("Running")[:2] == (True, "AllRanksRunning")
+    assert (c.status.running, c.status.active, c.status.replicas) == (2, 2, 2)
+
+
+def test_the_job_succeeds_once_every_rank_exits_zero() -> None:
+    c = running(2)
+    c.set(0, phase="Succeeded", exit_code=0)
+    c.settle()
+    assert c.status.phase is Phase.RUNNING and c.status.succeeded == 1
+    c.set(1, phase="Succeeded", exit_code=0)
+    p = c.settle()
+    assert c.status.phase is Phase.SUCCEEDED and c.status.completion_time == T0
+    assert c.condition("Succeeded")[:2] == (True, "AllRanksSucceeded")
+    assert c.condition("Running")[0] is False
+    assert p.requeue_after is None, "nothing left to do: no TTL"
+    assert len(c.pods) == 2, "finished pods are kept for their logs (cleanPodPolicy Running)"
+
+
+def test_a_retryable_failure_restarts_the_whole_gang_as_the_next_attempt() -> None:
+    c = running(3)
+    c.set(1, phase="Failed", exit_code=200)
+    p = c.step()
+    assert c.status.phase is Phase.RESTARTING
+    assert (c.status.attempt, c.status.restarts) == (1, 1)
+    assert sorted(x.name for x in p.delete_pods) == ["train-0", "train-1", "train-2"], "the whole gang"
+    assert p.create_ranks == (), "old pods first"
+    status, reason, message = c.condition("Restarting")
+    assert (status, reason) == (True, "RetryableFailure")
+    assert "rank 1 (pod train-1) exited with code 200" in message
+    p = c.step()
+    assert p.create_ranks == (0, 1, 2) and c.attempts() == {1}
+    c.settle()
+    assert c.status.phase is Phase.PENDING
+    c.set_all(phase="Running")
+    c.settle()
+    assert c.status.phase is Phase.RUNNING
+    assert c.condition("Restarting")[:2] == (False, "Recovered")
+
+
+def test_no_pod_of_the_next_attempt_is_created_while_an_old_one_is_terminating() -> None:
+    c = running(2)
+    c.set(0, phase="Failed", exit_code=143)
+    c.pods["train-1"] = replace(c.pods["train-1"], terminating=True)
+    p = plan(c.job, c.status, list(c.pods.values()), T0)
+    assert p.status.phase is Phase.RESTARTING
+    assert [x.name for x in p.delete_pods] == ["train-0"], "train-1 is already going"
+    assert p.create_ranks == ()
+
+
+@pytest.mark.parametrize(
+    ("change", "cause"),
+    [
+        ({"delete": True}, "rank 1 (pod train-1) was deleted"),
+        ({"terminating": True}, "rank 1 (pod train-1) was deleted or evicted"),
+        ({"phase": "Failed", "reason": "Evicted"}, "rank 1 (pod train-1) failed: Evicted"),
+    ],
+)
+def test_deleting_or_evicting_a_pod_is_a_retryable_failure(change: dict[str, Any], cause: str) -> None:
+    c = running(2)
+    if change.pop("delete", False):
+        del c.pods["train-1"]
+    else:
+        c.set(1, **change)
+    c.step()
+    assert c.status.phase is Phase.RESTARTING and c.status.restarts == 1
+    assert cause in c.condition("Restarting")[2]
+
+
+def test_after_backoff_limit_restarts_the_job_fails_and_nothing_keeps_running() -> None:
+    c = running(2, runPolicy={"backoffLimit": 1})
+    c.set(1, phase="Failed", exit_code=200)
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.set(0, phase="Failed", exit_code=200)
+    c.settle()
+    assert c.status.phase is Phase.FAILED and c.status.restarts == 1
+    status, reason, message = c.condition("Failed")
+    assert (status, reason) == (True, "BackoffLimitExceeded")
+    assert "rank 0 (pod train-0) exited with code 200" in message
+    assert [p.name for p in c.pods.values()] == ["train-0"], "the running rank was deleted; the failed one kept"
+
+
+def test_a_non_retryable_exit_fails_the_job_at_once_naming_rank_pod_and_code() -> None:
+    c = running(4)
+    c.set(2, phase="Failed", exit_code=2)
+    c.step()
+    assert c.status.phase is Phase.FAILED and c.status.restarts == 0
+    status, reason, message = c.condition("Failed")
+    assert (status, reason) == (True, "NonRetryableFailure")
+    assert "rank 2 (pod train-2) exited with code 2" in message
+    assert sorted(c.pods) == ["train-2"]
+
+
+def test_the_deadline_fails_the_job_and_deletes_its_pods_whatever_the_clean_policy() -> None:
+    c = running(2, runPolicy={"activeDeadlineSeconds": 60, "cleanPodPolicy": "None"})
+    c.now = T0 + timedelta(seconds=30)
+    assert c.step().requeue_after == 30.0, "wake up when the deadline passes"
+    c.now = T0 + timedelta(seconds=60)
+    c.step()
+    assert c.status.phase is Phase.FAILED
+    assert c.condition("Failed")[:2] == (True, "DeadlineExceeded")
+    assert c.pods == {}
+
+
+def suspended(c: FakeCluster, value: bool) -> None:
+    c.job = replace(c.job, spec=replace(c.job.spec, run_policy=replace(c.job.spec.run_policy, suspend=value)))
+
+
+def test_suspending_deletes_the_pods_and_resuming_starts_a_new_attempt() -> None:
+    c = running(2)
+    suspended(c, True)
+    c.settle()
+    assert c.status.phase is Phase.SUSPENDED and c.pods == {}
+    assert c.status.start_time is None, "the deadline clock stops"
+    assert c.condition("Suspended")[:2] == (True, "Suspended")
+    suspended(c, False)
+    c.now = T0 + timedelta(seconds=5)
+    c.settle()
+    assert c.status.phase is Phase.PENDING and c.status.attempt == 1 and c.status.restarts == 0
+    assert c.attempts() == {1} and len(c.pods) == 2
+    assert c.status.start_time == c.now
+    assert c.condition("Suspended")[:2] == (False, "Resumed")
+
+
+def test_a_job_created_suspended_creates_no_pod() -> None:
+    c = FakeCluster(job(runPolicy={"suspend": True}))
+    c.settle()
+    assert c.status.phase is Phase.SUSPENDED and c.pods == {} and c.status.start_time is None
+
+
+def test_the_ttl_deletes_the_job_once_due() -> None:
+    c = running(1, runPolicy={"ttlSecondsAfterFinished": 30})
+    c.set(0, phase="Succeeded", exit_code=0)
+    assert c.step().requeue_after == 30.0
+    c.now = T0 + timedelta(seconds=30)
+    assert c.step().delete_job and "TTLExpired" in c.events
+
+
+@pytest.mark.parametrize(
+    ("policy", "left"),
+    [("All", []), ("Running", ["train-0"]), ("None", ["train-0", "train-1"])],
+)
+def test_clean_pod_policy_is_honoured_when_the_job_fails(policy: str, left: list[str]) -> None:
+    c = running(2, runPolicy={"cleanPodPolicy": policy})
+    c.set(0, phase="Failed", exit_code=1)
+    c.settle()
+    assert c.status.phase is Phase.FAILED
+    assert sorted(c.pods) == left
+
+
+def test_a_finished_job_stays_finished() -> None:
+    c = running(1)
+    c.set(0, phase="Succeeded", exit_code=0)
+    c.settle()
+    c.set(0, phase="Failed", exit_code=200)
+    suspended(c, True)
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED
+
+
+def test_pods_of_an_older_spec_are_replaced_by_a_new_attempt_without_counting_a_restart() -> None:
+    c = running(2)
+    c.set(1, spec_hash="older")
+    c.settle()
+    assert (c.status.attempt, c.status.restarts) == (1, 0)
+    assert "SpecChanged" in c.events and c.attempts() == {1}
+
+
+def test_replaying_a_plan_after_a_crash_counts_the_restart_once() -> None:
+    c = running(2)
+    c.set(1, phase="Failed", exit_code=200)
+    first = plan(c.job, c.status, list(c.pods.values()), T0)
+    # the status was written, then the operator died before deleting anything
+    again = plan(c.job, first.status, list(c.pods.values()), T0)
+    assert (again.status.attempt, again.status.restarts) == (1, 1)
+    assert {p.name for p in again.delete_pods} == {"train-0", "train-1"}
+    assert again.events == (), "no second event either"
+
+
+def test_a_crash_between_pod_creations_resumes_with_the_missing_ranks_only() -> None:
+    c = FakeCluster(job(replicas=4))
+    first = c.step()
+    assert first.create_ranks == (0, 1, 2, 3)
+    del c.pods["train-2"], c.pods["train-3"]  # the operator died after two creations
+    again = c.step()
+    assert again.create_ranks == (2, 3)
+    assert c.status.restarts == 0 and "RetryableFailure" not in c.events
+
+
+def test_a_live_job_is_looked_at_again_at_least_every_resync() -> None:
+    assert running(1).step().requeue_after == RESYNC_SECONDS
+
+
+def test_an_invalid_spec_fails_once_with_the_error() -> None:
+    p = plan_invalid(JobStatus(), "spec.replicas: required", 3, T0)
+    assert p.status.phase is Phase.FAILED and p.status.observed_generation == 3
+    assert [e.reason for e in p.events] == ["InvalidSpec"]
+    assert plan_invalid(p.status, "spec.replicas: required", 3, T0).events == ()
+
+
+def test_observed_generation_follows_the_job() -> None:
+    c = FakeCluster(replace(job(), generation=7))
+    c.step()
+    assert c.status.observed_generation == 7
