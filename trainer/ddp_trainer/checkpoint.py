@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 from typing import Any
 
@@ -86,8 +87,6 @@ def load_latest(directory: str, device: torch.device) -> dict[str, Any] | None:
 
 def rng_state(device: torch.device) -> dict[str, Any]:
     """This process's RNG states (numpy is not used, so not saved)."""
-    import random
-
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -95,8 +94,6 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    import random
-
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"].cpu())  # map_location moved it to the device; RNG wants CPU

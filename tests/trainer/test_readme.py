@@ -1,0 +1,24 @@
+"""The trainer README documents every option, exit code and metric the code defines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddp_trainer import config, errors, metric_names
+
+README = Path(__file__).resolve().parents[2] / "trainer" / "README.md"
+
+
+def test_the_readme_lists_every_option_with_its_env_variable() -> None:
+    text = README.read_text()
+    for flag, env, _, _ in config.options():
+        assert f"`{flag}`" in text, flag
+        assert f"`{env}`" in text, env
+
+
+def test_the_readme_lists_every_exit_code_and_metric() -> None:
+    text = README.read_text()
+    for code in (errors.EXIT_OK, errors.EXIT_BUG, errors.EXIT_PERMANENT, errors.EXIT_RETRYABLE, errors.EXIT_SIGTERM):
+        assert f"| {code} |" in text, code
+    for name in metric_names.ALL:
+        assert f"`{name}" in text, name
