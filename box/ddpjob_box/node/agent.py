@@ -136,6 +136,7 @@ class Agent:
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.records: dict[str, PodRecord] = {}
+        self.pods: dict[str, dict[str, Any]] = {}  # the latest listing, by uid
         self.pods_dir = settings.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.stop_event = threading.Event()
@@ -256,6 +257,7 @@ class Agent:
         provisioner.provision(self.core, self.s.state_dir / "claims")
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.s.name}")
         raw = {p.metadata.uid: self.core.api_client.sanitize_for_serialization(p) for p in pods.items}
+        self.pods = raw
         new = [
             uid
             for uid, pod in raw.items()
@@ -263,8 +265,6 @@ class Agent:
         ]
         for uid in new:
             self.admit(raw[uid])
-        if new:
-            self.write_hosts(raw)
         for uid, pod in raw.items():
             if uid in self.records:
                 self.sync(pod, self.records[uid])
@@ -272,6 +272,7 @@ class Agent:
                 self.finalize_delete(pod)
         for uid in [u for u in self.records if u not in raw]:
             self.forget(self.records[uid])  # force-deleted, or deleted while the agent was down
+        self.write_hosts()
         write_targets(
             self.s.state_dir / "targets.json",
             [raw[u] for u in self.records if u in raw and self.records[u].started_at and not self.records[u].stopped],
@@ -295,8 +296,9 @@ class Agent:
     def network(self, record: PodRecord) -> PodNetwork:
         return PodNetwork(self.s.netns_prefix, record.key, record.address, self.s.bridge)
 
-    def write_hosts(self, raw: Mapping[str, dict[str, Any]]) -> None:
+    def write_hosts(self) -> None:
         """Every pod's hosts file names the pods of its namespace that sit behind a headless Service."""
+        raw = self.pods
         by_ns: dict[str, list[tuple[str, list[str]]]] = {}
         services: dict[str, set[str]] = {}
         for uid, record in self.records.items():
@@ -395,6 +397,7 @@ class Agent:
         hostname = spec.get("hostname") or record.name
         net = self.network(record)
         net.create(hostname)
+        self.write_hosts()  # before the process starts, so its first lookups already resolve
         for container, proc in zip(spec["containers"], resolved, strict=True):
             assert not isinstance(proc, ImageRefused)
             mounts = []
