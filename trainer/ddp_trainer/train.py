@@ -14,12 +14,13 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import checkpoint, data, distributed, models
 from ddp_trainer.config import Config, OptimConfig
@@ -32,6 +33,8 @@ from ddp_trainer.timing import StepTimer
 log = logging.getLogger("ddp_trainer")
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_CRITERION = nn.CrossEntropyLoss()
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def setup_logging(rank: int) -> None:
@@ -115,10 +118,25 @@ def run(cfg: Config, launch: Launch) -> Result:
         d.close()
 
 
-def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
+@dataclass
+class Parts:
+    """Everything a run trains with, built once."""
+
+    data: data.Data
+    model: nn.Module  # unwrapped: what checkpoints hold
+    forward: Callable[[torch.Tensor], torch.Tensor]  # the model wrapped in DDP or DP, maybe compiled
+    ddp: DistributedDataParallel | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    batch: int  # loader batch per process (x GPUs for DataParallel)
+    steps_per_epoch: int
+    total: int
+
+
+def _build(cfg: Config, d: distributed.Dist) -> Parts:
     _seed_everything(cfg.optim)
-    device = d.device
-    replicas = torch.cuda.device_count() if cfg.dist.strategy == "dp" and device.type == "cuda" else 1
+    replicas = torch.cuda.device_count() if cfg.dist.strategy == "dp" and d.device.type == "cuda" else 1
     batch = cfg.optim.batch_size * replicas  # DataParallel splits one batch across the GPUs
     dataset = data.build(
         cfg.data,
@@ -128,7 +146,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
         seed=cfg.optim.seed,
         rank=d.rank,
         world_size=d.world_size,
-        pin_memory=cfg.data.pin_memory and device.type == "cuda",
+        pin_memory=cfg.data.pin_memory and d.device.type == "cuda",
     )
     accum = cfg.optim.grad_accum_steps
     steps_per_epoch = dataset.batches_per_epoch // accum
@@ -138,105 +156,121 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
             f"(TRAIN_GRAD_ACCUM_STEPS) {accum}; lower it or --batch-size"
         )
     total = cfg.optim.steps or cfg.optim.epochs * steps_per_epoch
-
-    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    model = models.build(cfg.model.model, dataset.num_classes).to(device).to(memory_format=memory_format)
+    model = models.build(cfg.model.model, dataset.num_classes).to(d.device).to(memory_format=_memory_format(cfg))
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, total))
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.optim.amp == "fp16")
-    pos = _resume(cfg, d, model, optimizer, scheduler, scaler)
-
     wrapped, ddp = distributed.wrap(model, d, cfg.dist)
-    train_model: Callable[[torch.Tensor], torch.Tensor] = torch.compile(wrapped) if cfg.model.compile else wrapped
-    metrics.info.info(
-        {
-            "world_size": str(d.world_size),
-            "backend": d.backend,
-            "model": cfg.model.model,
-            "strategy": cfg.dist.strategy,
-            "device": device.type,
-            "batch_size": str(cfg.optim.batch_size),
-            "amp": cfg.optim.amp,
-            "data": cfg.data.data,
-            "torch_version": torch.__version__,
-        }
+    return Parts(
+        data=dataset,
+        model=model,
+        forward=torch.compile(wrapped) if cfg.model.compile else wrapped,
+        ddp=ddp,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, total)),
+        scaler=torch.amp.GradScaler(d.device.type, enabled=cfg.optim.amp == "fp16"),
+        batch=batch,
+        steps_per_epoch=steps_per_epoch,
+        total=total,
     )
+
+
+def _memory_format(cfg: Config) -> torch.memory_format:
+    return torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+
+
+def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
+    parts = _build(cfg, d)
+    pos = _resume(cfg, d, parts)
+    metrics.info.info(_info(cfg, d))
+    accum = cfg.optim.grad_accum_steps
     if d.is_main:
         log.info(
             "training %s on %s data: world size %d, backend %s, device %s, batch %d per rank x %d "
             "accumulation, steps %d..%d",
-            cfg.model.model, cfg.data.data, d.world_size, d.backend, device, batch, accum, pos.step, total,
+            cfg.model.model, cfg.data.data, d.world_size, d.backend, d.device, parts.batch, accum, pos.step,
+            parts.total,
         )  # fmt: skip
 
-    criterion = nn.CrossEntropyLoss()
-    amp_dtype = _AMP_DTYPES.get(cfg.optim.amp)
-    slow = d.rank == cfg.debug.slow_rank and cfg.debug.slow_seconds > 0
-    timer = StepTimer(device)
+    timer = StepTimer(d.device)
     timings: list[StepTiming] = []
 
     def record(done: list[StepTiming]) -> None:
         for t in done:
             metrics.record(t)
             timings.append(t)
-            if d.is_main and (t.step % cfg.observe.log_interval == 0 or t.step == total):
+            if d.is_main and (t.step % cfg.observe.log_interval == 0 or t.step == parts.total):
                 rate = t.samples * d.world_size / t.step_seconds if t.step_seconds > 0 else 0.0
                 log.info(
                     "step=%d/%d loss=%.4f img/s=%.1f step_time=%.1fms",
-                    t.step, total, t.loss, rate, t.step_seconds * 1000,
+                    t.step, parts.total, t.loss, rate, t.step_seconds * 1000,
                 )  # fmt: skip
 
-    while pos.step < total:
-        batches = dataset.epoch(pos.epoch, pos.batch_in_epoch)
-        for _ in range(min(steps_per_epoch - pos.batch_in_epoch // accum, total - pos.step)):
-            timer.start()
-            step_loss = torch.zeros((), device=device)
-            for micro in range(accum):
-                images, labels = next(batches)
-                images = images.to(device, non_blocking=True, memory_format=memory_format)
-                labels = labels.to(device, non_blocking=True)
-                timer.mark("data")
-                if slow:
-                    time.sleep(cfg.debug.slow_seconds)  # a simulated straggler: slow compute
-                with distributed.no_sync(ddp, sync=micro == accum - 1):
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        loss = criterion(train_model(images), labels) / accum
-                    timer.mark("forward")
-                    scaler.scale(loss).backward()
-                    timer.mark("backward")
-                step_loss += loss.detach().float()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            timer.mark("optimizer")
-
+    while pos.step < parts.total:
+        batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
+        for _ in range(min(parts.steps_per_epoch - pos.batch_in_epoch // accum, parts.total - pos.step)):
+            loss = _step(cfg, d, parts, batches, timer)
             pos.step += 1
             pos.batch_in_epoch += accum
-            if pos.batch_in_epoch // accum == steps_per_epoch:
+            if pos.batch_in_epoch // accum == parts.steps_per_epoch:
                 pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
-            timer.finish(pos.step, batch * accum, step_loss)
+            timer.finish(pos.step, parts.batch * accum, loss)
             record(timer.poll())
-            _maybe_checkpoint(cfg, d, pos, total, model, optimizer, scheduler, scaler)
+            _maybe_checkpoint(cfg, d, parts, pos)
             _maybe_crash(cfg, d, pos.step)
         del batches  # shuts down this epoch's workers before the next epoch starts its own
 
     record(timer.flush())
     if d.is_main:
-        for line in summary_lines(cfg, d.world_size, d.backend, str(device), timings):
+        for line in summary_lines(cfg, d.world_size, d.backend, str(d.device), timings):
             log.info("%s", line)
-    return Result(steps=pos.step, model=model, timings=timings)
+    return Result(steps=pos.step, model=parts.model, timings=timings)
 
 
-def _resume(
-    cfg: Config,
-    d: distributed.Dist,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-) -> Position:
+def _step(cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batch], timer: StepTimer) -> torch.Tensor:
+    """One optimizer step over ``grad_accum_steps`` micro-batches; returns the loss, on the device."""
+    accum = cfg.optim.grad_accum_steps
+    amp_dtype = _AMP_DTYPES.get(cfg.optim.amp)
+    timer.start()
+    step_loss = torch.zeros((), device=d.device)
+    for micro in range(accum):
+        images, labels = next(batches)
+        images = images.to(d.device, non_blocking=True, memory_format=_memory_format(cfg))
+        labels = labels.to(d.device, non_blocking=True)
+        timer.mark("data")
+        if d.rank == cfg.debug.slow_rank and cfg.debug.slow_seconds > 0:
+            time.sleep(cfg.debug.slow_seconds)  # a simulated straggler: slow compute
+        with distributed.no_sync(parts.ddp, sync=micro == accum - 1):
+            with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = _CRITERION(parts.forward(images), labels) / accum
+            timer.mark("forward")
+            parts.scaler.scale(loss).backward()
+            timer.mark("backward")
+        step_loss += loss.detach().float()
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.scheduler.step()
+    timer.mark("optimizer")
+    return step_loss
+
+
+def _info(cfg: Config, d: distributed.Dist) -> dict[str, str]:
+    return {
+        "world_size": str(d.world_size),
+        "backend": d.backend,
+        "model": cfg.model.model,
+        "strategy": cfg.dist.strategy,
+        "device": d.device.type,
+        "batch_size": str(cfg.optim.batch_size),
+        "amp": cfg.optim.amp,
+        "data": cfg.data.data,
+        "torch_version": torch.__version__,
+    }
+
+
+def _resume(cfg: Config, d: distributed.Dist, parts: Parts) -> Position:
+    """Load the newest complete checkpoint into ``parts``, onto this rank's device, if there is one."""
     directory = cfg.checkpoint.checkpoint_dir
     if not directory:
         return Position()
@@ -245,36 +279,27 @@ def _resume(
     state = checkpoint.load_latest(directory, d.device)
     if state is None:
         return Position()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scheduler.load_state_dict(state["scheduler"])
+    parts.scaler.load_state_dict(state["scaler"])
     rngs: list[dict[str, Any]] = state["rng"]
     checkpoint.set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0], d.device)
-    if state.get("world_size") != d.world_size and d.is_main:
-        log.warning(
-            "checkpoint was written by %s ranks, resuming with %d: the data order changes",
-            state.get("world_size"), d.world_size,
-        )  # fmt: skip
     if d.is_main:
+        if state.get("world_size") != d.world_size:
+            log.warning(
+                "checkpoint was written by %s ranks, resuming with %d: the data order changes",
+                state.get("world_size"), d.world_size,
+            )  # fmt: skip
         log.info("resumed from step %d (epoch %d, batch %d)", state["step"], state["epoch"], state["batch_in_epoch"])
     return Position(step=state["step"], epoch=state["epoch"], batch_in_epoch=state["batch_in_epoch"])
 
 
-def _maybe_checkpoint(
-    cfg: Config,
-    d: distributed.Dist,
-    pos: Position,
-    total: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-) -> None:
+def _maybe_checkpoint(cfg: Config, d: distributed.Dist, parts: Parts, pos: Position) -> None:
     c = cfg.checkpoint
     if not c.checkpoint_dir:
         return
-    if pos.step != total and not (c.checkpoint_interval and pos.step % c.checkpoint_interval == 0):
+    if pos.step != parts.total and not (c.checkpoint_interval and pos.step % c.checkpoint_interval == 0):
         return
     rngs = d.gather(checkpoint.rng_state(d.device))  # collective: every rank takes part
     if d.is_main:
@@ -284,10 +309,10 @@ def _maybe_checkpoint(
             "epoch": pos.epoch,
             "batch_in_epoch": pos.batch_in_epoch,
             "world_size": d.world_size,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
+            "model": parts.model.state_dict(),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.scheduler.state_dict(),
+            "scaler": parts.scaler.state_dict(),
             "rng": rngs,
         }
         path = checkpoint.save(c.checkpoint_dir, state, c.checkpoint_keep)
