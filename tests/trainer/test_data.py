@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
+from torch.utils.data import DistributedSampler
 
 from ddp_trainer import data
 from ddp_trainer.config import DataConfig
+from ddp_trainer.data import ResumableSampler
 from ddp_trainer.errors import DataError
 
 
@@ -52,6 +56,27 @@ def test_resuming_mid_epoch_yields_exactly_the_remaining_batches() -> None:
     resumed = [labels.tolist() for _, labels in d.epoch(3, 5)]
     assert len(full) == d.batches_per_epoch == 8
     assert resumed == full[5:]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    samples=st.integers(1, 50),
+    world=st.integers(1, 4),
+    epoch=st.integers(0, 5),
+    data=st.data(),
+)
+def test_a_resumed_sampler_yields_the_suffix_of_the_uninterrupted_order(
+    samples: int, world: int, epoch: int, data: st.DataObject
+) -> None:
+    rank = data.draw(st.integers(0, world - 1))
+    inner: DistributedSampler[int] = DistributedSampler(range(samples), world, rank, shuffle=True, seed=3)  # type: ignore[arg-type]
+    sampler = ResumableSampler(inner)
+    sampler.set_epoch(epoch)
+    full = list(sampler)
+    start = data.draw(st.integers(0, len(full)))
+    sampler.set_epoch(epoch, start)
+    assert list(sampler) == full[start:]
+    assert len(sampler) == len(full) - start
 
 
 def test_a_dataset_smaller_than_one_batch_per_rank_is_a_data_error() -> None:

@@ -27,11 +27,12 @@ def step(n: int) -> StepTiming:
     return StepTiming(step=n, samples=32, step_seconds=0.034, phase_seconds=phases, loss=2.5)
 
 
-def test_the_metric_name_constants_import_without_torch() -> None:
+def test_the_contract_modules_import_without_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, ddp_trainer.metrics, ddp_trainer.config; assert 'torch' not in sys.modules"
+    modules = "metric_names, metrics, config, launch, errors, signals, __main__"
+    code = f"import sys; from ddp_trainer import {modules}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
