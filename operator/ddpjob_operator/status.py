@@ -180,7 +180,8 @@ class Observation:
 
     @property
     def failed(self) -> int:
-        return len(self.failures)
+        """Ranks whose pod reports a failure; a deleted pod is a failure of the attempt, not a count here."""
+        return sum(p.failed for p in self.current.values())
 
     @property
     def active(self) -> int:

@@ -1,0 +1,74 @@
+"""Cluster fixtures: the CRD from the chart, and the operator (Kopf, in a thread) per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .helpers import Raw, apply_crd
+
+
+@pytest.fixture(scope="session")
+def raw(api_client: Any) -> Raw:
+    return Raw(api_client)
+
+
+@pytest.fixture(scope="session")
+def crd(raw: Raw) -> dict[str, Any]:
+    return apply_crd(raw)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: Any) -> Iterator[str]:
+    """KUBECONFIG for the operator under test (Kopf and the kubernetes client both read it)."""
+    old = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    yield str(cluster.kubeconfig)
+    if old is None:
+        del os.environ["KUBECONFIG"]
+    else:
+        os.environ["KUBECONFIG"] = old
+
+
+@pytest.fixture(scope="module")
+def module_namespace(raw: Raw) -> Iterator[str]:
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    raw.post("/api/v1/namespaces", {"metadata": {"name": name, "labels": {"ddpjob.dev/test": "true"}}})
+    try:
+        yield name
+    finally:
+        raw.delete(f"/api/v1/namespaces/{name}", {"propagationPolicy": "Background"})
+
+
+class Operator:
+    """The operator under test, running in this process (Kopf's KopfRunner, in a thread)."""
+
+    def __init__(self, namespace: str) -> None:
+        from kopf.testing import KopfRunner
+
+        self.runner = KopfRunner(
+            ["run", "--standalone", "--namespace", namespace, "-m", "ddpjob_operator.handlers"], timeout=60
+        )
+
+    def __enter__(self) -> Operator:
+        self.runner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.runner.__exit__(*exc)
+
+    def errors(self) -> list[str]:
+        """Lines where the operator logged an error or a traceback (read after it stopped)."""
+        return [line for line in self.runner.output.splitlines() if "ERROR" in line or "Traceback" in line]
+
+
+@pytest.fixture
+def operator(namespace: str, crd: dict[str, Any], kubeconfig: str) -> Iterator[Operator]:
+    """The operator, watching this test's namespace; the test fails if it logged any error."""
+    with Operator(namespace) as op:
+        yield op
+    assert op.errors() == [], "\n".join(op.errors())

@@ -1,0 +1,177 @@
+"""Small raw-JSON client and waiting helpers for cluster tests.
+
+Raw JSON (no client models), like the operator: DDPJob specs and pod statuses go through as
+written, and the apiserver's own validation messages come back untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import yaml
+
+from ddpjob_operator import api
+
+T = TypeVar("T")
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
+JOBS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{{ns}}/{api.PLURAL}"
+WAIT = 30.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        self.message = body.get("message", "") if isinstance(body, dict) else str(body)
+        super().__init__(f"HTTP {status}: {self.message}")
+
+
+class Raw:
+    def __init__(self, api_client: Any) -> None:
+        self.api = api_client
+
+    def request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
+                content_type: str = "application/json") -> Any:  # fmt: skip
+        m, url, h, b, _ = self.api.param_serialize(
+            method=method, resource_path=path, query_params=query or [], body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+        )  # fmt: skip
+        response = self.api.call_api(m, url, header_params=h, body=b, _request_timeout=30)
+        raw = response.read()
+        data = json.loads(raw) if raw else None
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, data)
+        return data
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body)
+
+    def merge(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+    def delete(self, path: str, body: Any = None) -> Any:
+        return self.request("DELETE", path, body)
+
+    # DDPJobs
+
+    def create_job(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.post(JOBS.format(ns=ns), body))
+
+    def job(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.get(f"{JOBS.format(ns=ns)}/{name}"))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        job = self.job(ns, name)
+        return dict((job or {}).get("status") or {})
+
+    def patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.merge(f"{JOBS.format(ns=ns)}/{name}", patch))
+
+    # Pods, services, events
+
+    def pods(self, ns: str, job: str | None = None) -> list[dict[str, Any]]:
+        query = [("labelSelector", f"{api.LABEL_JOB_NAME}={job}")] if job else []
+        return list(self.get(f"/api/v1/namespaces/{ns}/pods", query=query)["items"])
+
+    def services(self, ns: str) -> list[dict[str, Any]]:
+        return list(self.get(f"/api/v1/namespaces/{ns}/services")["items"])
+
+    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        query = [("fieldSelector", f"involvedObject.kind={api.KIND},involvedObject.name={name}")]
+        return list(self.get(f"/api/v1/namespaces/{ns}/events", query=query)["items"])
+
+    def delete_pod(self, ns: str, name: str) -> None:
+        self.delete(f"/api/v1/namespaces/{ns}/pods/{quote(name)}")
+
+    def set_pod(self, ns: str, name: str, phase: str, *, exit_code: int | None = None, reason: str = "",
+                container: str = "trainer") -> None:  # fmt: skip
+        """Play the kubelet: report a phase and, optionally, how the trainer container ended."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        state: dict[str, Any] = {"running": {"startedAt": now}}
+        if exit_code is not None:
+            state = {"terminated": {"exitCode": exit_code, "startedAt": now, "finishedAt": now}}
+        status: dict[str, Any] = {
+            "phase": phase,
+            "podIP": "10.244.0.10",
+            "containerStatuses": [{
+                "name": container, "image": "trainer", "imageID": "", "ready": phase == "Running",
+                "restartCount": 0, "state": state,
+            }],
+        }  # fmt: skip
+        if reason:
+            status |= {"reason": reason, "containerStatuses": []}
+        self.merge(f"/api/v1/namespaces/{ns}/pods/{quote(name)}/status", {"status": status})
+
+    def set_all(self, ns: str, job: str, phase: str, **kw: Any) -> None:
+        for pod in self.pods(ns, job):
+            self.set_pod(ns, pod["metadata"]["name"], phase, **kw)
+
+
+def apply_crd(raw: Raw) -> dict[str, Any]:
+    """Install (or update) the CRD from the chart and wait until the apiserver serves it."""
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    name = crd["metadata"]["name"]
+    try:
+        existing = raw.get(f"{path}/{name}")
+    except ApiError as err:
+        if err.status != 404:
+            raise
+        raw.post(path, crd)
+    else:
+        crd["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        raw.request("PUT", f"{path}/{name}", crd)
+
+    def established() -> bool:
+        conditions = raw.get(f"{path}/{name}").get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, what="the CRD to be established")
+    # the storage layer for the new schema may lag Established by a moment
+    wait_for(lambda: raw.get(f"/apis/{api.GROUP}/{api.VERSION}") is not None, what="the API group")
+    return dict(crd)
+
+
+def wait_for(check: Callable[[], T], *, timeout: float = WAIT, what: str = "the condition") -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except (ApiError, KeyError, IndexError, TypeError) as err:
+            last = err
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+        time.sleep(0.1)
+
+
+TRAINER = {"name": "trainer", "image": "registry.example/ddp-trainer:1", "command": ["python", "-m", "ddp_trainer"]}
+
+
+def job_body(name: str = "train", replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    template = spec.pop("template", {"spec": {"containers": [copy.deepcopy(TRAINER)]}})
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "template": template, **spec},
+    }
