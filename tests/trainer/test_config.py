@@ -38,7 +38,7 @@ def test_a_flag_overrides_its_env_variable_which_overrides_the_default() -> None
     assert cfg.optim.momentum == 0.9
 
 
-def test_the_operator_variables_set_the_checkpoint_dir_and_metrics_port(tmp_path: object) -> None:
+def test_the_operator_variables_set_the_checkpoint_dir_and_metrics_port() -> None:
     cfg = parse([], {"CHECKPOINT_DIR": "/ckpt", "METRICS_PORT": "9400"})
     assert cfg.checkpoint.checkpoint_dir == "/ckpt"
     assert cfg.observe.metrics_port == 9400
