@@ -170,6 +170,12 @@ class ControlPlane:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
+                # Filling the request-header CA keeps the scheduler and controller manager from erroring on it.
+                f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--token-auth-file={self.data_dir / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

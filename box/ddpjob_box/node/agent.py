@@ -501,12 +501,9 @@ class Agent:
     def finalize_delete(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         try:
-            self.core.delete_namespaced_pod(
-                meta["name"],
-                meta["namespace"],
-                grace_period_seconds=0,
-                body={"preconditions": {"uid": meta["uid"]}},
-            )
+            # With a body, the apiserver ignores query parameters: the grace period goes in the body too.
+            options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=options)
         except ApiException as err:
             if err.status not in (404, 409):
                 raise
