@@ -190,3 +190,39 @@ def test_a_sigstopped_process_is_still_reported_running(core: Any, namespace: st
         assert pod_phase(core, "frozen", namespace) == "Running"
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_init_containers_run_in_order_before_the_app_container(core: Any, namespace: str) -> None:
+    shared = [{"name": "scratch", "mountPath": "/mnt/ddpjob-test-scratch"}]
+    inits = [
+        {
+            "name": f"step{n}",
+            "image": "ghcr.io/ddpjob/trainer:dev",
+            "volumeMounts": shared,
+            "command": ["sh", "-c", f"echo {n} >> /mnt/ddpjob-test-scratch/order"],
+        }
+        for n in (1, 2)
+    ]
+    code = "assert open('/mnt/ddpjob-test-scratch/order').read().split() == ['1', '2']"
+    core.create_namespaced_pod(
+        namespace,
+        python_pod(
+            "inits",
+            code,
+            initContainers=inits,
+            container={"volumeMounts": shared},
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+        ),
+    )
+    wait_for("inits to succeed", lambda: pod_phase(core, "inits", namespace) == "Succeeded", 60)
+    statuses = core.read_namespaced_pod("inits", namespace).status.init_container_statuses
+    assert [s.state.terminated.exit_code for s in statuses] == [0, 0]
+
+
+def test_a_failing_init_container_fails_the_pod_without_starting_the_app(core: Any, namespace: str) -> None:
+    inits = [{"name": "nope", "image": "ghcr.io/ddpjob/trainer:dev", "command": ["sh", "-c", "exit 7"]}]
+    core.create_namespaced_pod(namespace, python_pod("blocked", "print('never')", initContainers=inits))
+    wait_for("blocked to fail", lambda: pod_phase(core, "blocked", namespace) == "Failed", 60)
+    pod = core.read_namespaced_pod("blocked", namespace)
+    assert pod.status.init_container_statuses[0].state.terminated.exit_code == 7
+    assert pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"

@@ -84,6 +84,12 @@ class ContainerState:
             return None
         return int(code), float(at)
 
+    def spawned(self) -> bool:
+        return (self.dir / "spawned").exists()
+
+    def argv(self) -> list[str]:
+        return list(json.loads((self.dir / "argv.json").read_text()))
+
     def running(self) -> bool:
         found = self.pid()
         return found is not None and self.exit() is None and same_process_alive(found[0], found[1])
@@ -123,11 +129,21 @@ class PodRecord:
         return cls(dir=directory, **data)
 
     def containers(self) -> list[ContainerState]:
-        found = []
-        for sub in sorted(self.dir.glob("c-*")):
-            restarts = int((sub / "restarts").read_text()) if (sub / "restarts").exists() else 0
-            found.append(ContainerState(sub.name[2:], sub, restarts))
-        return found
+        """The app containers, from their directories ``c-<name>``."""
+        return [_container_state(sub, sub.name[2:]) for sub in sorted(self.dir.glob("c-*"))]
+
+    def init_containers(self) -> list[ContainerState]:
+        """The init containers in order, from their directories ``i<index>-<name>``."""
+        subs = sorted(self.dir.glob("i*-*"), key=lambda p: int(p.name[1:].split("-", 1)[0]))
+        return [_container_state(sub, sub.name.split("-", 1)[1]) for sub in subs]
+
+    def all_containers(self) -> list[ContainerState]:
+        return [*self.init_containers(), *self.containers()]
+
+
+def _container_state(directory: Path, name: str) -> ContainerState:
+    restarts = directory / "restarts"
+    return ContainerState(name, directory, int(restarts.read_text()) if restarts.exists() else 0)
 
 
 class Agent:
@@ -373,13 +389,15 @@ class Agent:
         return path
 
     def start(self, pod: dict[str, Any], record: PodRecord) -> None:
+        """Prepare everything a pod needs (image check, volumes, network, each container's command); spawn nothing."""
         spec = pod["spec"]
         lookup = self.lookup(record.namespace)
         pod = {
             **pod,
             "status": {**pod.get("status", {}), "podIP": record.address, "hostIP": self.s.bridge.gateway},
         }
-        resolved = [podspec.process(pod, c, lookup, os.cpu_count() or 1) for c in spec["containers"]]
+        inits, mains = spec.get("initContainers") or [], spec["containers"]
+        resolved = [podspec.process(pod, c, lookup, os.cpu_count() or 1) for c in [*inits, *mains]]
         refused = [r for r in resolved if isinstance(r, ImageRefused)]
         if refused:
             record.refused = refused[0].message
@@ -397,8 +415,9 @@ class Agent:
         hostname = spec.get("hostname") or record.name
         net = self.network(record)
         net.create(hostname)
-        self.write_hosts()  # before the process starts, so its first lookups already resolve
-        for container, proc in zip(spec["containers"], resolved, strict=True):
+        self.write_hosts()  # before any process starts, so its first lookups already resolve
+        dirs = [f"i{index}-{c['name']}" for index, c in enumerate(inits)] + [f"c-{c['name']}" for c in mains]
+        for container, proc, dirname in zip([*inits, *mains], resolved, dirs, strict=True):
             assert not isinstance(proc, ImageRefused)
             mounts = []
             for m in container.get("volumeMounts", []):
@@ -410,13 +429,12 @@ class Agent:
                     missing.mkdir(exist_ok=True)
                     record.created_dirs.append(str(missing))
                 mounts.append(Mount(str(source), m["mountPath"], bool(m.get("readOnly"))))
-            env = self.container_env(proc.env, record)
-            cdir = record.dir / f"c-{container['name']}"
+            cdir = record.dir / dirname
             cdir.mkdir(exist_ok=True)
-            argv = launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv)
-            write_atomic(cdir / "env.json", json.dumps(env))
-            write_atomic(cdir / "argv.json", json.dumps(argv))
-            self.spawn_shim(cdir, argv)
+            write_atomic(cdir / "env.json", json.dumps(self.container_env(proc.env, record)))
+            write_atomic(
+                cdir / "argv.json", json.dumps(launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv))
+            )
         record.started_at = time.time()
         record.save()
 
@@ -431,19 +449,33 @@ class Agent:
         (record.dir / "home").mkdir(exist_ok=True)
         return {**base, **env}
 
-    def spawn_shim(self, cdir: Path, argv: list[str]) -> None:
+    def spawn(self, c: ContainerState) -> None:
         for stale in ("pid", "exit"):
-            (cdir / stale).unlink(missing_ok=True)
-        shim = [sys.executable, "-m", "ddpjob_box.node.shim", "--dir", str(cdir)]
+            (c.dir / stale).unlink(missing_ok=True)
+        shim = [sys.executable, "-m", "ddpjob_box.node.shim", "--dir", str(c.dir)]
         owner = ["--owner-pid", str(self.s.owner_pid), "--owner-start", self.s.owner_start]
-        with open(cdir / "shim.log", "ab") as log:
+        (c.dir / "spawned").touch()
+        with open(c.dir / "shim.log", "ab") as log:
             subprocess.Popen(
-                [*shim, *owner, "--", *argv],
+                [*shim, *owner, "--", *c.argv()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,
             )
+
+    def respawn_if_due(self, c: ContainerState, policy: str) -> bool:
+        """Restart an exited container when the pod's restartPolicy asks for it; True if it will run again."""
+        exited = c.exit()
+        if exited is None:
+            return True
+        if not (policy == "Always" or (policy == "OnFailure" and exited[0] != 0)):
+            return False
+        if time.time() - exited[1] >= RESTART_BACKOFF:
+            c.restarts += 1
+            write_atomic(c.dir / "restarts", str(c.restarts))
+            self.spawn(c)
+        return True
 
     def sync(self, pod: dict[str, Any], record: PodRecord) -> None:
         if pod["metadata"].get("deletionTimestamp"):
@@ -453,34 +485,32 @@ class Agent:
             return
         if not record.started_at:
             self.start(pod, record)
-            return
-        containers = record.containers()
+            if not record.started_at:
+                return
         policy = pod["spec"].get("restartPolicy", "Always")
+        # Init containers run one at a time, in order; the app containers start once all have succeeded.
+        for init in record.init_containers():
+            if not init.spawned():
+                self.spawn(init)
+            exited = init.exit()
+            if exited is None or exited[0] != 0:
+                if exited is not None and not self.respawn_if_due(init, policy):
+                    self.patch_status(pod, record)
+                    self.release(record)
+                    return
+                self.patch_status(pod, record)
+                return
+        containers = record.containers()
         for c in containers:
-            exited = c.exit()
-            if exited is None:
-                continue
-            retry = policy == "Always" or (policy == "OnFailure" and exited[0] != 0)
-            if retry and time.time() - exited[1] >= RESTART_BACKOFF:
-                c.restarts += 1
-                write_atomic(c.dir / "restarts", str(c.restarts))
-                (c.dir / "last-exit").write_text((c.dir / "exit").read_text())
-                self.spawn_shim(c.dir, self._argv_of(c))
+            if not c.spawned():
+                self.spawn(c)
+        again = [self.respawn_if_due(c, policy) for c in containers]
         self.patch_status(pod, record)
-        if (
-            all(c.exit() is not None for c in containers)
-            and policy != "Always"
-            and not (
-                policy == "OnFailure" and any(c.exit()[0] != 0 for c in containers)  # type: ignore[index]
-            )
-        ):
+        if not any(again):
             self.release(record)
 
-    def _argv_of(self, c: ContainerState) -> list[str]:
-        return list(json.loads((c.dir / "argv.json").read_text()))
-
     def terminate(self, pod: dict[str, Any], record: PodRecord) -> None:
-        containers = record.containers()
+        containers = record.all_containers()
         grace = pod["metadata"].get("deletionGracePeriodSeconds")
         grace = 30 if grace is None else int(grace)
         if not record.terminating_since:
@@ -516,10 +546,10 @@ class Agent:
         record.save()
 
     def forget(self, record: PodRecord) -> None:
-        for c in record.containers():
+        for c in record.all_containers():
             c.signal(signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while any(c.running() for c in record.containers()) and time.monotonic() < deadline:
+        while any(c.running() for c in record.all_containers()) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.network(record).delete()
         volumes.remove_created(record.created_dirs)
@@ -566,60 +596,75 @@ def _same_status(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool
     return bool(strip(dict(current)) == strip(dict(desired)))
 
 
+def container_status(spec: Mapping[str, Any], c: ContainerState | None, waiting: tuple[str, str]) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "name": spec["name"],
+        "image": spec.get("image", ""),
+        "imageID": "",
+        "ready": False,
+        "started": False,
+        "restartCount": c.restarts if c else 0,
+    }
+    pid = c.pid() if c and c.spawned() else None
+    exited = c.exit() if c else None
+    if pid is None:
+        reason, message = waiting
+        status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+    elif exited is None:
+        status.update(ready=True, started=True)
+        status["state"] = {"running": {"startedAt": stamp(pid[2])}}
+    else:
+        code = exited[0]
+        status["state"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": stamp(pid[2]),
+                "finishedAt": stamp(exited[1]),
+            }
+        }
+    return status
+
+
 def pod_status(
     pod: Mapping[str, Any], record: PodRecord, host_ip: str, waiting: tuple[str, str] | None
 ) -> dict[str, Any]:
     """The status a kubelet would report, computed from the container files."""
-    containers = {c.name: c for c in record.containers()}
-    statuses = []
-    for spec in pod["spec"]["containers"]:
-        c = containers.get(spec["name"])
-        status: dict[str, Any] = {
-            "name": spec["name"],
-            "image": spec.get("image", ""),
-            "imageID": "",
-            "ready": False,
-            "started": False,
-            "restartCount": c.restarts if c else 0,
-        }
-        pid = c.pid() if c else None
-        exited = c.exit() if c else None
-        if waiting is not None or c is None or pid is None:
-            reason, message = waiting or ("ContainerCreating", "")
-            status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
-        elif exited is None:
-            status.update(ready=True, started=True)
-            status["state"] = {"running": {"startedAt": stamp(pid[2])}}
-        else:
-            code = exited[0]
-            status["state"] = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": stamp(pid[2]),
-                    "finishedAt": stamp(exited[1]),
-                }
-            }
-        statuses.append(status)
     policy = pod["spec"].get("restartPolicy", "Always")
+    creating = waiting or ("ContainerCreating", "")
+    inits = {c.name: c for c in record.init_containers()}
+    init_statuses = [
+        container_status(spec, inits.get(spec["name"]), creating) for spec in pod["spec"].get("initContainers") or []
+    ]
+    init_codes = [s["state"]["terminated"]["exitCode"] for s in init_statuses if "terminated" in s["state"]]
+    initialized = len(init_codes) == len(init_statuses) and all(code == 0 for code in init_codes)
+    init_failed = policy == "Never" and any(code != 0 for code in init_codes)
+    mains = {c.name: c for c in record.containers()}
+    app_waiting = creating if initialized or waiting else ("PodInitializing", "")
+    statuses = [container_status(spec, mains.get(spec["name"]), app_waiting) for spec in pod["spec"]["containers"]]
     terminated = [s["state"]["terminated"] for s in statuses if "terminated" in s["state"]]
     all_done = len(terminated) == len(statuses)
-    if all_done and (policy == "Never" or (policy == "OnFailure" and all(t["exitCode"] == 0 for t in terminated))):
+    if init_failed:
+        phase = "Failed"
+    elif all_done and (policy == "Never" or (policy == "OnFailure" and all(t["exitCode"] == 0 for t in terminated))):
         phase = "Succeeded" if all(t["exitCode"] == 0 for t in terminated) else "Failed"
     elif any(s["started"] for s in statuses) or (terminated and policy != "Never"):
         phase = "Running"
     else:
         phase = "Pending"
     ready = all(s["ready"] for s in statuses)
-    started = record.started_at or time.time()
     body: dict[str, Any] = {
         "phase": phase,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
-        "startTime": stamp(started),
+        "startTime": stamp(record.started_at or time.time()),
         "conditions": [
             {"type": "PodReadyToStartContainers", "status": "True" if record.started_at else "False"},
-            {"type": "Initialized", "status": "True"},
+            {
+                "type": "Initialized",
+                "status": "True" if initialized else "False",
+                **({} if initialized else {"reason": "ContainersNotInitialized"}),
+            },
             {"type": "ContainersReady", "status": "True" if ready else "False"},
             {
                 "type": "Ready",
@@ -629,6 +674,8 @@ def pod_status(
         ],
         "containerStatuses": statuses,
     }
+    if init_statuses:
+        body["initContainerStatuses"] = init_statuses
     if record.started_at:
         body.update(podIP=record.address, podIPs=[{"ip": record.address}])
     return body

@@ -13,7 +13,7 @@ from ddpjob_box.node.volumes import remove_created
 
 def teardown(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
     records = [PodRecord.load(d) for d in (state_dir / "pods").glob("*") if (d / "meta.json").exists()]
-    containers = [c for r in records for c in r.containers()]
+    containers = [c for r in records for c in r.all_containers()]
     for c in containers:
         c.signal(signal.SIGKILL)
     deadline = time.monotonic() + 5
