@@ -1,0 +1,139 @@
+"""Benchmark 2: what the trainer's metrics and timing cost.
+
+    python -m bench.instrumentation
+
+The trainer has no switch that turns its step timing and metrics recording off, only the metrics
+server (``--metrics-port``). So three variants are alternated, one process per run:
+
+- ``server on``: ``--metrics-port`` set and scraped every few seconds, as the box's Prometheus does;
+- ``server off``: ``--metrics-port 0`` (timing and recording still run);
+- ``stubbed``: the probe swaps the step timer and the metrics recording for no-ops, which is what
+  a trainer switch would do; a bench-side stand-in, not a trainer option.
+
+Target: server on / off >= 0.99, and on / stubbed >= 0.99 for timing and metrics together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench import workload
+from bench.common import (
+    RESULTS_DIR,
+    Spread,
+    alternate,
+    log,
+    machine,
+    paired_ratios,
+    run_child,
+    table,
+    verdict,
+    write_results,
+)
+from bench.trainer_vs_plain import trainer_probe
+
+NAME = "instrumentation"
+TARGET = 0.99
+SCRAPE_SECONDS = 2.0  # the box's Prometheus scrape interval (ddpjob_box.prometheus.SCRAPE_SECONDS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Scraper:
+    """Fetches /metrics every ``interval`` seconds on a thread, like Prometheus, while a run lasts."""
+
+    def __init__(self, port: int, interval: float) -> None:
+        self.url, self.interval = f"http://127.0.0.1:{port}/metrics", interval
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    response.read()
+                self.scrapes += 1
+            except OSError:
+                pass  # not listening yet, or already gone
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload.add_arguments(parser)
+    parser.add_argument("--scrape-seconds", type=float, default=SCRAPE_SECONDS, help="scrape interval when on")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
+    args = parser.parse_args(argv)
+    w = workload.from_arguments(args)
+
+    log(f"{NAME}: {w.describe()}, {args.repeats} rounds")
+
+    def probe(*trainer_flags: str, stub: bool = False) -> list[str]:
+        cmd = trainer_probe(w, *(["--stub-instrumentation"] if stub else []))
+        return [*cmd, *trainer_flags]  # later flags win in argparse
+
+    def on() -> dict[str, Any]:
+        port = free_port()
+        with Scraper(port, args.scrape_seconds) as scraper:
+            result = run_child(probe(f"--metrics-port={port}"))
+        return {**result, "scrapes": scraper.scrapes}
+
+    runs = alternate(
+        args.repeats,
+        {
+            "server on": on,
+            "server off": lambda: run_child(probe("--metrics-port=0")),
+            "stubbed": lambda: run_child(probe("--metrics-port=0", stub=True)),
+        },
+    )
+    ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
+    on_off = paired_ratios(ips["server on"], ips["server off"])
+    on_stub = paired_ratios(ips["server on"], ips["stubbed"])
+    scrapes = sum(r["scrapes"] for r in runs["server on"])
+    rows = [[name, Spread.of(v).show(1)] for name, v in ips.items()]
+    markdown = "\n".join([
+        f"### Instrumentation overhead ({w.describe()})",
+        "",
+        table(["variant", "img/s, median (range)"], rows),
+        "",
+        f"- server on / server off: **{on_off.show()}**; target >= {TARGET}: **{verdict(on_off.median, TARGET)}** "
+        f"({scrapes} scrapes every {args.scrape_seconds:g}s during the 'on' runs)",
+        f"- server on / stubbed (timing and metrics recording as no-ops, a bench-side stand-in for a switch): "
+        f"**{on_stub.show()}**; target >= {TARGET}: **{verdict(on_stub.median, TARGET)}**",
+    ])  # fmt: skip
+    data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "on_over_off": on_off,
+            "on_over_stubbed": on_stub, "target": TARGET, "scrape_seconds": args.scrape_seconds}  # fmt: skip
+    write_results(NAME, data, markdown, args.out)
+    print(markdown)
+    return {
+        "name": NAME,
+        "markdown": markdown,
+        "targets": [
+            ("metrics server on / off", on_off.median, f">= {TARGET}", verdict(on_off.median, TARGET)),
+            ("timing+metrics on / stubbed", on_stub.median, f">= {TARGET}", verdict(on_stub.median, TARGET)),
+        ],
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+"""Benchmark 4: the operator at scale, in the box: 1,000 DDPJobs of 4 ranks each.
+
+    python -m bench.operator_scale                      # 1,000 jobs offered at 25 jobs/s
+    python -m bench.operator_scale --rate 0             # as fast as the creators can: peak throughput
+    python -m bench.operator_scale --jobs 5 --rate 0    # the smoke test's size
+    python -m bench.operator_scale --profile            # plus a py-spy profile of the operator
+
+The box's real control plane (etcd, apiserver, controller-manager, scheduler) without its local
+node: the operator creates every pod and they stay Pending, so this measures the operator, not pods
+running. The operator runs as its own process (``python -m ddpjob_operator operator``), exactly as
+deployed, after a warm-up job. Jobs are created through the API at ``--rate`` jobs/s by a few
+threads; a watch on pods notes when each job's last pod appears.
+
+Reports: create -> all pods created (from sending the job's POST to the watch event of its last
+pod), p50 and p99; jobs/s sustained (jobs done over the time from the first create to the last
+job done); the operator's peak RSS (VmHWM) and CPU seconds, from /proc; the apiserver's latency
+for mutating requests during the load, from the difference of two scrapes of its /metrics.
+Targets: p99 <= 5 s, >= 20 jobs/s, RSS <= 300 MB. These are absolute figures from one run, not
+ratios: there is no second implementation to run beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import apiserver
+from bench.apiserver import Api
+from bench.common import REPO, RESULTS_DIR, log, machine, percentile, table, verdict, write_results
+
+NAME = "operator_scale"
+CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
+P99_TARGET_S = 5.0
+RATE_TARGET = 20.0
+RSS_TARGET_MB = 300.0
+TRAINER = {"name": "trainer", "image": "registry.example/ddp-trainer:1", "command": ["python", "-m", "ddp_trainer"]}
+
+
+def job_body(name: str, replicas: int) -> dict[str, Any]:
+    from ddpjob_operator import api
+
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "template": {"spec": {"containers": [TRAINER]}}},
+    }
+
+
+def jobs_path(namespace: str) -> str:
+    from ddpjob_operator import api
+
+    return f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}"
+
+
+def apply_crd(client: Api) -> None:
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    client.create_if_absent(path, crd)
+
+    def established() -> bool:
+        status = client.get(f"{path}/{crd['metadata']['name']}").get("status") or {}
+        conditions = status.get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    client.wait_for(established, "the DDPJob CRD to be established")
+    client.wait_for(lambda: client.get(jobs_path("default")) is not None, "the DDPJob API to be served")
+
+
+# ---------------------------------------------------------------- watching pods appear
+
+
+@dataclass
+class JobTimes:
+    sent: float = 0.0  # when its POST was sent
+    created: float = 0.0  # when the POST returned
+    pods: set[str] = field(default_factory=set)
+    done: float = 0.0  # when the watch delivered its last pod
+
+
+class PodWatch:
+    """Notes, from one watch on every DDPJob pod, when each job's ``replicas``-th pod appears."""
+
+    def __init__(self, client: Api, replicas: int) -> None:
+        from ddpjob_operator import api
+
+        self.replicas = replicas
+        self.jobs: dict[tuple[str, str], JobTimes] = {}
+        self.done = threading.Condition()
+        self.events = 0
+        self._job_label = api.LABEL_JOB_NAME
+        selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+        listed = client.get("/api/v1/pods", labelSelector=selector, limit="1")
+        self._stream = client.watch(
+            "/api/v1/pods", labelSelector=selector, resourceVersion=listed["metadata"]["resourceVersion"]
+        )
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self._thread.start()
+
+    def job(self, namespace: str, name: str) -> JobTimes:
+        with self.done:
+            return self.jobs.setdefault((namespace, name), JobTimes())
+
+    def _run(self) -> None:
+        for event in self._stream:
+            now = time.perf_counter()
+            self.events += 1
+            if event.get("type") != "ADDED":
+                continue
+            meta = event["object"]["metadata"]
+            with self.done:
+                times = self.jobs.setdefault((meta["namespace"], meta["labels"][self._job_label]), JobTimes())
+                times.pods.add(meta["name"])
+                if len(times.pods) >= self.replicas and not times.done:
+                    times.done = now
+                    self.done.notify_all()
+
+    def wait(self, keys: Sequence[tuple[str, str]], timeout: float) -> int:
+        """Wait until every job in ``keys`` is done or ``timeout`` passes; returns how many are done."""
+        deadline = time.monotonic() + timeout
+
+        def finished() -> int:
+            return sum(1 for k in keys if k in self.jobs and self.jobs[k].done)
+
+        with self.done:
+            while (n := finished()) < len(keys) and time.monotonic() < deadline:
+                self.done.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            return n
+
+    def close(self) -> None:
+        self._stream.close()
+        self._thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------- the operator process
+
+
+class OperatorProcess:
+    """The operator as deployed: its own process, every namespace, metrics and liveness off."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces", "--metrics-port", "0",
+                "--liveness", ""]  # fmt: skip
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited {self.proc.returncode}; its log:\n{self.log_tail()}")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def memory_mb(self) -> dict[str, float]:
+        """VmHWM (peak resident set) and VmRSS (now), in MiB."""
+        out = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0]) / 1024
+        return out
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def errors(self) -> list[str]:
+        text = self.log_path.read_text(errors="replace")
+        return [line for line in text.splitlines() if "ERROR" in line or "Traceback" in line]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Profiler:
+    """py-spy sampling the operator (all threads, not pausing it), as collapsed stacks."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(exe).exists():
+            raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+        self.out = out
+        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", "raw", "-o", str(out)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def profile_summary(collapsed: str, top: int = 15) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """From py-spy's collapsed stacks: samples, and the functions with the largest inclusive and self shares."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame_name(f) for f in stack.split(";")]
+        total += n
+        for name in set(frames):
+            inclusive[name] += n
+        own[frames[-1]] += n
+    share = 100.0 / total if total else 0.0
+    return (
+        total,
+        [(name, n * share) for name, n in inclusive.most_common(top)],
+        [(name, n * share) for name, n in own.most_common(top)],
+    )
+
+
+def _frame_name(frame: str) -> str:
+    """``reconcile (ddpjob_operator/controller.py:45)`` -> ``reconcile (ddpjob_operator/controller.py)``."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    parts = path.split("/")
+    short = "/".join(parts[-2:]) if len(parts) > 1 else path
+    return f"{name} ({short})" if where else name
+
+
+# ---------------------------------------------------------------- the load
+
+
+def create_jobs(client: Api, watch: PodWatch, namespace: str, names: list[str], replicas: int, rate: float,
+                threads: int) -> list[str]:  # fmt: skip
+    """Create the jobs at ``rate`` per second (0: as fast as possible) from ``threads`` threads; returns errors."""
+    errors: list[str] = []
+    lock = threading.Lock()
+    next_index = iter(range(len(names)))
+    start = time.perf_counter() + 0.1
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            if rate > 0:
+                time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            times = watch.job(namespace, names[i])
+            times.sent = time.perf_counter()
+            try:
+                client.post(jobs_path(namespace), job_body(names[i], replicas))
+            except (apiserver.ApiError, OSError) as err:
+                with lock:
+                    errors.append(f"{names[i]}: {err}")
+            times.created = time.perf_counter()
+
+    workers = [threading.Thread(target=work, name=f"creator-{n}") for n in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return errors
+
+
+def summarize_jobs(jobs: Sequence[JobTimes]) -> dict[str, Any]:
+    """Latency and throughput figures from each job's times (pure; the unit of time is the second)."""
+    done = [j for j in jobs if j.done]
+    latencies = [j.done - j.sent for j in done]
+    first_sent = min((j.sent for j in jobs), default=0.0)
+    last_sent = max((j.sent for j in jobs), default=0.0)
+    last_done = max((j.done for j in done), default=0.0)
+    span = last_done - first_sent
+    return {
+        "jobs": len(jobs),
+        "done": len(done),
+        "p50_s": percentile(latencies, 50),
+        "p99_s": percentile(latencies, 99),
+        "max_s": max(latencies, default=float("nan")),
+        "sustained_jobs_per_s": len(done) / span if span > 0 else float("nan"),
+        "created_jobs_per_s": (len(jobs) - 1) / (last_sent - first_sent) if last_sent > first_sent else float("nan"),
+        "post_p50_ms": 1000 * percentile([j.created - j.sent for j in jobs], 50),
+        "post_p99_ms": 1000 * percentile([j.created - j.sent for j in jobs], 99),
+        "span_s": span,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--replicas", type=int, default=4, help="ranks (pods) per job")
+    parser.add_argument("--rate", type=float, default=25.0, help="jobs offered per second; 0: as fast as possible")
+    parser.add_argument("--creators", type=int, default=4, help="threads creating jobs")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up on jobs not done this long after")
+    parser.add_argument("--profile", action="store_true", help="record the operator with py-spy during the load")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
+    args = parser.parse_args(argv)
+
+    from ddpjob_box.box import Box
+
+    offered = f"offered at {args.rate:g} jobs/s" if args.rate else "created as fast as possible"
+    log(f"{NAME}: {args.jobs} jobs x {args.replicas} ranks, {offered}")
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
+        Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False) as box,
+    ):
+        assert box.plane is not None
+        plane = box.plane
+        client = Api(plane.server, plane.admin_token, str(plane.ca_file))
+        apply_crd(client)
+        for ns in ("bench-warmup", "bench-scale"):
+            client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
+        args.out.mkdir(parents=True, exist_ok=True)
+        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log")
+        watch = PodWatch(client, args.replicas)
+        try:
+            started = time.monotonic()
+            client.post(jobs_path("bench-warmup"), job_body("warmup", args.replicas))
+            if watch.wait([("bench-warmup", "warmup")], 120) != 1:
+                op.check_alive()
+                raise RuntimeError(f"the operator did not create the warm-up job's pods:\n{op.log_tail()}")
+            log(f"  operator up and warm in {time.monotonic() - started:.1f}s")
+
+            before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
+            cpu_before = op.cpu_seconds()
+            profiler = Profiler(op.pid, args.out / f"{NAME}.pyspy.txt") if args.profile else None
+            names = [f"j{i:05d}" for i in range(args.jobs)]
+            wall = time.perf_counter()
+            create_errors = create_jobs(client, watch, "bench-scale", names, args.replicas, args.rate, args.creators)
+            log(f"  {args.jobs} creates sent in {time.perf_counter() - wall:.1f}s ({len(create_errors)} errors)")
+            done = watch.wait([("bench-scale", n) for n in names], args.timeout)
+            wall = time.perf_counter() - wall
+            if profiler:
+                profiler.stop()
+            cpu = op.cpu_seconds()
+            memory = op.memory_mb()
+            after = apiserver.request_durations(client.raw("GET", "/metrics").decode())
+            op.check_alive()
+            log(f"  {done}/{args.jobs} jobs have all their pods after {wall:.1f}s")
+        finally:
+            watch.close()
+            op.stop()
+        jobs = [watch.jobs[("bench-scale", n)] for n in names]
+        operator_errors = op.errors()
+
+    figures = summarize_jobs(jobs)
+    figures |= {
+        "operator_cpu_s": cpu - cpu_before,
+        "operator_cpu_s_total": cpu,
+        "operator_peak_rss_mb": memory.get("VmHWM", float("nan")),
+        "operator_rss_end_mb": memory.get("VmRSS", float("nan")),
+        "wall_s": wall,
+        "create_errors": create_errors[:20],
+        "operator_error_lines": operator_errors[:20],
+    }
+    during = apiserver.difference(after, before)
+    verbs = apiserver.by_verb(during)
+    markdown = report(args, figures, verbs, during)
+    if args.profile:
+        markdown += "\n\n" + profile_report(args.out / f"{NAME}.pyspy.txt")
+    data = {"name": NAME, "machine": machine(), "settings": vars(args) | {"out": str(args.out)}, "figures": figures,
+            "apiserver_mutating": {v: _hist(h) for v, h in verbs.items()},
+            "apiserver_by_resource": {f"{v} {r}": _hist(h) for (v, r), h in during.items()
+                                      if v in apiserver.MUTATING and h.count > 0}}  # fmt: skip
+    write_results(NAME, data, markdown, args.out)
+    print(markdown)
+    return {"name": NAME, "markdown": markdown, "targets": targets(figures)}
+
+
+def targets(f: dict[str, Any]) -> list[tuple[str, float, str, str]]:
+    return [
+        ("create -> all pods created, p99 (s)", f["p99_s"], f"<= {P99_TARGET_S:g}",
+         verdict(f["p99_s"], P99_TARGET_S, at_most=True)),
+        ("jobs/s sustained", f["sustained_jobs_per_s"], f">= {RATE_TARGET:g}",
+         verdict(f["sustained_jobs_per_s"], RATE_TARGET)),
+        ("operator peak RSS (MiB)", f["operator_peak_rss_mb"], f"<= {RSS_TARGET_MB:g}",
+         verdict(f["operator_peak_rss_mb"], RSS_TARGET_MB, at_most=True)),
+    ]  # fmt: skip
+
+
+def _hist(h: apiserver.Histogram) -> dict[str, float]:
+    return {"count": h.count, "p50_s": h.quantile(0.5), "p99_s": h.quantile(0.99), "mean_s": h.mean}
+
+
+def report(
+    args: argparse.Namespace,
+    f: dict[str, Any],
+    verbs: dict[str, apiserver.Histogram],
+    during: dict[tuple[str, str], apiserver.Histogram],
+) -> str:
+    offered = f"{args.rate:g} jobs/s offered" if args.rate else "created as fast as possible"
+    rows = [
+        ["jobs with all pods created", f"{f['done']} / {f['jobs']}", "", ""],
+        ["create -> all pods created, p50", f"{f['p50_s']:.2f} s", "", ""],
+        *[[name, f"{value:.2f}", target, v] for name, value, target, v in targets(f)[:2]],
+        ["create -> all pods created, max", f"{f['max_s']:.2f} s", "", ""],
+        ["jobs/s created (achieved by the load generator)", f"{f['created_jobs_per_s']:.1f}", "", ""],
+        ["job POST, p50 / p99 (client side)", f"{f['post_p50_ms']:.0f} / {f['post_p99_ms']:.0f} ms", "", ""],
+        [targets(f)[2][0], f"{f['operator_peak_rss_mb']:.0f}", targets(f)[2][2], targets(f)[2][3]],
+        ["operator CPU seconds, load / since start", f"{f['operator_cpu_s']:.1f} / {f['operator_cpu_s_total']:.1f}",
+         "", ""],
+        ["operator CPU use during the load", f"{f['operator_cpu_s'] / f['wall_s']:.2f} cores", "", ""],
+        ["operator log lines with ERROR or Traceback", str(len(f["operator_error_lines"])), "", ""],
+    ]  # fmt: skip
+    verb_rows = [[v, f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
+                 for v, h in sorted(verbs.items())]  # fmt: skip
+    busiest = sorted(((k, h) for k, h in during.items() if k[0] in apiserver.MUTATING and h.count > 0),
+                     key=lambda kh: -kh[1].count)[:8]  # fmt: skip
+    resource_rows = [[f"{v} {r}", f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
+                     for (v, r), h in busiest]  # fmt: skip
+    columns = ["requests", "p50 ms", "p99 ms", "mean ms"]
+    return "\n".join([
+        f"### Operator at scale ({f['jobs']} DDPJobs x {args.replicas} ranks, {offered}, box control plane "
+        "without a node)",
+        "",
+        table(["figure", "value", "target", ""], rows),
+        "",
+        "Apiserver latency of mutating requests during the load (`apiserver_request_duration_seconds`; "
+        "quantiles interpolated within its buckets, as `histogram_quantile` does):",
+        "",
+        table(["verb", *columns], verb_rows),
+        "",
+        table(["busiest (verb resource)", *columns], resource_rows),
+    ])  # fmt: skip
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
+def profile_report(path: Path) -> str:
+    if not path.exists():
+        return "(py-spy wrote no profile)"
+    total, inclusive, own = profile_summary(path.read_text())
+    rows = [[name, f"{share:.1f}%"] for name, share in inclusive]
+    self_rows = [[name, f"{share:.1f}%"] for name, share in own]
+    return "\n".join([
+        f"Where the operator's time goes (py-spy, {total} samples of busy threads at 100 Hz during the load):",
+        "",
+        table(["function (inclusive)", "share of samples"], rows),
+        "",
+        table(["function (self)", "share of samples"], self_rows),
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Runs the trainer, unchanged, and times it from outside with the same window as the reference loops.
+
+    python -m bench.trainer_probe --warmup 3 --measure 12 -- --model resnet18 --image-size 64
+    torchrun --standalone --nproc-per-node 2 -m bench.trainer_probe -- --model resnet18
+
+It does what ``python -m ddp_trainer`` does (parse the flags and the environment, then
+``train.run``), with one hook: after the trainer closes each step (``StepTimer.finish``) the window
+notes the time. So the window holds whole iterations of the trainer's loop, its bookkeeping
+included, measured by the same clock as the plain loop's. Rank 0 emits one ``BENCH_RESULT`` line.
+
+``--stub-instrumentation`` replaces the step timer and the metrics recording with no-ops, to
+measure what they cost; the trainer has no switch for that (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+
+from bench import loops
+from bench.common import Window, emit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--measure", type=int, default=12)
+    parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window (GPU)")
+    parser.add_argument("--stub-instrumentation", action="store_true", help="no step timer, no metrics recording")
+    parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="after --: the trainer's flags")
+    args = parser.parse_args()
+    trainer_args = [a for a in args.trainer_args if a != "--"]
+
+    from ddp_trainer import metrics, timing, train
+    from ddp_trainer.config import parse
+    from ddp_trainer.launch import read_launch
+
+    cfg = parse([*trainer_args, f"--steps={args.warmup + args.measure}"], os.environ)
+    launch = read_launch(os.environ)
+    train.setup_logging(launch.rank)
+    on_gpu = torch.cuda.is_available()
+    syncs = loops.SyncCounter() if args.sync_check and on_gpu and launch.rank == 0 else None
+    window = Window(
+        args.warmup,
+        args.measure,
+        sync=torch.cuda.synchronize if on_gpu else lambda: None,
+        on_open=syncs.start if syncs else lambda: None,
+        on_close=syncs.stop if syncs else lambda: None,
+    )
+
+    finish = timing.StepTimer.finish
+
+    def timed_finish(self: timing.StepTimer, step: int, samples: int, loss: torch.Tensor) -> None:
+        finish(self, step, samples, loss)
+        window.step_done(step)
+
+    timing.StepTimer.finish = timed_finish  # type: ignore[method-assign]
+    if args.stub_instrumentation:
+        train.StepTimer = _stub_timer(window)  # type: ignore[misc]
+        metrics.Metrics.record = lambda self, timing: None  # type: ignore[method-assign]
+
+    result = train.run(cfg, launch)
+    if launch.rank != 0:
+        return
+    measured = [t for t in result.timings if t.step > args.warmup]
+    out: dict[str, Any] = {
+        "img_per_s": args.measure * cfg.optim.batch_size * launch.world_size / window.seconds,
+        "step_ms": 1000 * window.seconds / args.measure,
+        "world_size": launch.world_size,
+        # the trainer's own per-phase timing of each measured step (CUDA events on GPU)
+        "fwd_bwd_ms": [1000 * (t.phase_seconds["forward"] + t.phase_seconds["backward"]) for t in measured],
+    }
+    if syncs is not None:
+        out |= {"syncs_in_window": syncs.count, "sync_sites": syncs.where}
+    emit(out)
+
+
+def _stub_timer(window: Window) -> type[Any]:
+    from ddp_trainer.timing import StepTimer
+
+    class NoTiming(StepTimer):
+        def mark(self, phase: str) -> None:
+            pass
+
+        def finish(self, step: int, samples: int, loss: torch.Tensor) -> None:
+            window.step_done(step)
+
+        def poll(self) -> list[Any]:
+            return []
+
+        def flush(self) -> list[Any]:
+            return []
+
+    return NoTiming
+
+
+if __name__ == "__main__":
+    main()
