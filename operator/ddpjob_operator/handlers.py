@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,17 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.queue = WorkQueue(run)
     if memo.get("metrics_port"):
         metrics.serve(int(memo["metrics_port"]))
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The same credentials as kube.py: KUBECONFIG as it is now, else the pod's service account.
+
+    (Kopf's default reads KUBECONFIG as it was when the kubernetes package was imported.)
+    """
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.cleanup()
