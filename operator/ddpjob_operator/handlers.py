@@ -27,7 +27,11 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     kube = Kube()
 
     async def run(key: Key) -> float | None:
-        return await asyncio.to_thread(reconcile, kube, *key)
+        try:
+            return await asyncio.to_thread(reconcile, kube, *key)
+        except Exception:
+            metrics.RECONCILE_ERRORS.inc()
+            raise  # the work queue logs it and retries with backoff
 
     memo.kube = kube
     memo.queue = WorkQueue(run)
