@@ -1,0 +1,224 @@
+"""The whole user path in the box: kubectl apply a DDPJob, the operator makes pods, the local node runs
+real DDP training over the headless Service's DNS names, and Prometheus scrapes every rank."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from ddpjob_box.box import LocalNode
+from ddpjob_box.prometheus import Prometheus
+from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
+from tests.e2e.jobs import cpu_job
+from tests.e2e.kube import wait_for
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+
+
+class Jobs:
+    def __init__(self, api_client: Any, namespace: str):
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def status(self, name: str) -> dict[str, Any]:
+        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        return dict(job.get("status") or {})
+
+    def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            assert not (status.get("phase") == "Failed" and phase != "Failed"), f"job failed: {status}"
+            return status if status.get("phase") == phase else None
+
+        return wait_for(f"{name} to be {phase}", reached, timeout, interval=1)
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, self.ns)
+
+
+def _trainer_log(node: LocalNode, pod: Any) -> str:
+    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _trainer_pid(node: LocalNode, pod: Any) -> int:
+    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "pid"
+    wait_for(f"{pod.metadata.name}'s trainer process", path.exists, 60)
+    return int(path.read_text().split()[0])
+
+
+def _steps_done(pod: Any) -> float:
+    """ddp_steps_total read straight from the rank's metrics endpoint."""
+    try:
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9090/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    match = re.search(r"^ddp_steps_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+@pytest.fixture
+def jobs(api_client: Any, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(api_client, namespace)
+
+
+def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
+    jobs: Jobs, kubectl: Kubectl, namespace: str, local_node: LocalNode, prometheus: Prometheus
+) -> None:
+    manifest = REPO / "manifests" / "cpu-ddp.yaml"
+    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
+    steps = int(re.search(r'"--steps",\s*"(\d+)"', manifest.read_text().replace("'", '"')).group(1))  # type: ignore[union-attr]
+    kubectl("apply", "-n", namespace, "-f", str(manifest))
+    status = jobs.wait_phase(name, "Succeeded", 600)
+    assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
+    for rank in range(2):
+        pod = jobs.pod(f"{name}-{rank}")
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"]) == ("2", str(rank), f"{name}-0.{name}")
+    assert "world size 2, backend gloo" in _trainer_log(local_node, jobs.pod(f"{name}-0"))
+
+    def series() -> list[dict[str, Any]] | None:
+        found = prometheus.query(f'max_over_time(ddp_steps_total{{namespace="{namespace}", ddpjob="{name}"}}[15m])')
+        return found if len(found) == 2 else None
+
+    found = wait_for("one ddp_steps_total series per rank in Prometheus", series, 60, interval=2)
+    assert sorted(s["metric"]["rank"] for s in found) == ["0", "1"]
+    assert [float(s["value"][1]) for s in found] == [steps, steps]
+
+
+def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
+    jobs: Jobs, namespace: str, local_node: LocalNode
+) -> None:
+    jobs.core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    args = [
+        "--steps",
+        "400",
+        "--checkpoint-interval",
+        "20",
+        "--slow-rank",
+        "0",
+        "--slow-seconds",
+        "0.05",
+        "--pg-timeout-seconds",
+        "60",
+    ]
+    jobs.create(cpu_job("resume", args=args, checkpoint={"claimName": "ckpt"}))
+    jobs.wait_phase("resume", "Running", 180)
+    first = jobs.pod("resume-1")
+    wait_for("rank 1 to pass a checkpoint", lambda: _steps_done(first) >= 45, 300, interval=1)
+    os.kill(_trainer_pid(local_node, first), signal.SIGKILL)
+
+    def second_attempt() -> Any:
+        pod = jobs.pod("resume-0") if _exists(jobs, "resume-0") else None
+        return pod if pod and pod.metadata.labels["ddpjob.dev/attempt"] == "1" else None
+
+    wait_for("the gang to come back as the next attempt", second_attempt, 180, interval=1)
+    status = jobs.wait_phase("resume", "Succeeded", 600)
+    assert status["restarts"] == 1
+    log = _trainer_log(local_node, jobs.pod("resume-0"))
+    resumed = re.search(r"resum\w* .*?step[= ](\d+)", log, re.IGNORECASE)
+    assert resumed and int(resumed.group(1)) >= 40, f"attempt 2 resumed from a checkpoint, not step 0:\n{log[:2000]}"
+    assert "step=400/400" in log
+
+
+def _exists(jobs: Jobs, pod: str) -> bool:
+    return pod in [p.metadata.name for p in jobs.core.list_namespaced_pod(jobs.ns).items]
+
+
+def test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s(jobs: Jobs, local_node: LocalNode) -> None:
+    timeout = 20
+    args = ["--steps", "100000", "--pg-timeout-seconds", str(timeout)]
+    jobs.create(cpu_job("hang", args=args, runPolicy={"backoffLimit": 1}))
+    jobs.wait_phase("hang", "Running", 180)
+    victim = jobs.pod("hang-1")
+    wait_for("training to start", lambda: _steps_done(victim) >= 3, 180, interval=1)
+    os.kill(_trainer_pid(local_node, victim), signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    wait_for("the gang restart", lambda: jobs.status("hang").get("restarts", 0) >= 1, timeout + 30, interval=1)
+    assert time.monotonic() - stopped_at <= timeout + 30
+
+
+def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
+    jobs: Jobs, kubectl: Kubectl, namespace: str
+) -> None:
+    manifest = REPO / "manifests" / "resnet50-ddp.yaml"
+    name = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "DDPJob")["metadata"]["name"]
+    kubectl("apply", "-n", namespace, "-f", str(manifest))
+
+    def unschedulable() -> Any:
+        if not _exists(jobs, f"{name}-0"):
+            return None
+        conditions = jobs.pod(f"{name}-0").status.conditions or []
+        return next((c for c in conditions if c.type == "PodScheduled" and c.reason == "Unschedulable"), None)
+
+    condition = wait_for("the scheduler to refuse the GPU pod", unschedulable, 60)
+    assert "nvidia.com/gpu" in condition.message
+    time.sleep(5)
+    assert jobs.status(name).get("phase") == "Pending"
+    assert jobs.pod(f"{name}-0").status.phase == "Pending"
+
+
+TEXTBOOK = """\
+import argparse, os
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+parser.add_argument("--epochs", type=int, default=2)
+args = parser.parse_args()
+
+dist.init_process_group(backend="gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(256, 10), torch.randn(256, 1))
+sampler = DistributedSampler(data)
+loader = DataLoader(data, batch_size=16, sampler=sampler)
+model = DDP(nn.Linear(10, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    print(f"rank {rank}/{world} epoch {epoch} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(jobs: Jobs, namespace: str) -> None:
+    jobs.core.create_namespaced_config_map(namespace, {"metadata": {"name": "script"}, "data": {"train.py": TEXTBOOK}})
+    body = cpu_job("textbook")
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container.update(
+        command=["python", "/scripts/train.py"],
+        args=["--epochs", "2"],
+        volumeMounts=[{"name": "script", "mountPath": "/scripts"}],
+    )
+    body["spec"]["template"]["spec"]["volumes"] = [{"name": "script", "configMap": {"name": "script"}}]
+    jobs.create(body)
+    jobs.wait_phase("textbook", "Succeeded", 300)
