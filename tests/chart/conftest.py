@@ -1,0 +1,17 @@
+"""Chart fixtures: the CRD, installed from the chart's crds/ with the real kubectl."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chart.helm import CHART, kubectl
+from tests.conftest import Cluster
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> str:
+    """The DDPJob CRD, established (kubectl resolves ddpjobs.ddpjob.dev only once it is served)."""
+    path = CHART / "crds" / "ddpjob.yaml"
+    kubectl(cluster.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    kubectl(cluster.kubeconfig, "wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
+    return "ddpjobs.ddpjob.dev"
