@@ -188,16 +188,27 @@ class Histogram:
 
 def request_durations(text: str) -> dict[tuple[str, str], Histogram]:
     """``apiserver_request_duration_seconds`` summed over every other label, by (verb, resource[/subresource])."""
+
+    def key(labels: Mapping[str, str]) -> tuple[str, str]:
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        return labels.get("verb", ""), resource
+
+    return histograms(text, DURATION, key)
+
+
+def histograms(
+    text: str, name: str, key: Callable[[Mapping[str, str]], tuple[str, str]] = lambda _: ("", "")
+) -> dict[tuple[str, str], Histogram]:
+    """The histogram ``name`` from Prometheus text, summed into one Histogram per ``key(labels)``."""
     out: dict[tuple[str, str], Histogram] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != DURATION:
+        if family.name != name:
             continue
         for sample in family.samples:
             labels = sample.labels
-            resource = labels.get("resource", "")
-            if labels.get("subresource"):
-                resource += "/" + labels["subresource"]
-            h = out.setdefault((labels.get("verb", ""), resource), Histogram())
+            h = out.setdefault(key(labels), Histogram())
             if sample.name.endswith("_bucket"):
                 bound = float(labels["le"])
                 h.buckets[bound] = h.buckets.get(bound, 0.0) + sample.value

@@ -54,6 +54,28 @@ def command(program: str, world_size: int, w: workload.Workload) -> list[str]:
     return [*torchrun(world_size), "-m", PROGRAMS[program], *w.loop_args()]
 
 
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], sizes: Sequence[int]
+) -> tuple[dict[int, Spread], dict[str, Spread], list[list[Any]]]:
+    """Trainer/textbook ratio per world size, weak-scaling efficiency per program, and the classic table's rows."""
+    ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
+    ratios = {ws: paired_ratios(ips[f"trainer x{ws}"], ips[f"textbook x{ws}"]) for ws in sizes}
+    efficiency: dict[str, Spread] = {}
+    if len(sizes) >= 2:
+        one, many = sizes[0], sizes[1]
+        for p in PROGRAMS:
+            pairs = zip(ips[f"{p} x{many}"], ips[f"{p} x{one}"], strict=True)
+            efficiency[p] = Spread.of([a / (b * many / one) for a, b in pairs])
+    rows = []
+    for ws in sizes:
+        for p in PROGRAMS:
+            ms = [x for r in runs[f"{p} x{ws}"] for x in r["fwd_bwd_ms"]]
+            median = Spread.of(ips[f"{p} x{ws}"]).median
+            rows.append([ws, p, *(f"{percentile(ms, q):.1f}" for q in (50, 75, 90, 95)), f"{median:.1f}",
+                         f"{median / ws:.1f}"])  # fmt: skip
+    return ratios, efficiency, rows
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser)
@@ -72,25 +94,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return lambda: run_child(command(program, ws, w), env=env)
 
     runs = alternate(args.repeats, {f"{p} x{ws}": variant(p, ws) for ws in sizes for p in PROGRAMS})
-    ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
-
-    ratios = {ws: paired_ratios(ips[f"trainer x{ws}"], ips[f"textbook x{ws}"]) for ws in sizes}
-    efficiency: dict[str, Spread] = {}
-    if len(sizes) >= 2:
-        one, many = sizes[0], sizes[1]
-        for p in PROGRAMS:
-            pairs = zip(ips[f"{p} x{many}"], ips[f"{p} x{one}"], strict=True)
-            efficiency[p] = Spread.of([a / (b * many / one) for a, b in pairs])
-
-    classic_rows = []
-    for ws in sizes:
-        for p in PROGRAMS:
-            ms = [x for r in runs[f"{p} x{ws}"] for x in r["fwd_bwd_ms"]]
-            classic_rows.append([
-                ws, p, *(f"{percentile(ms, q):.1f}" for q in (50, 75, 90, 95)),
-                f"{Spread.of(ips[f'{p} x{ws}']).median:.1f}",
-                f"{Spread.of(ips[f'{p} x{ws}']).median / ws:.1f}",
-            ])  # fmt: skip
+    ratios, efficiency, classic_rows = summarize(runs, sizes)
     lines = [
         f"### DDP on CPU, gloo ({w.describe()}, {args.threads_per_rank} thread(s) per rank)",
         "",

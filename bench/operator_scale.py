@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,12 +42,14 @@ import yaml
 from bench import apiserver
 from bench.apiserver import Api
 from bench.common import REPO, RESULTS_DIR, log, machine, percentile, table, verdict, write_results
+from bench.instrumentation import free_port
 
 NAME = "operator_scale"
 CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
 P99_TARGET_S = 5.0
 RATE_TARGET = 20.0
 RSS_TARGET_MB = 300.0
+RECONCILE = "ddpjob_operator_reconcile_duration_seconds"
 TRAINER = {"name": "trainer", "image": "registry.example/ddp-trainer:1", "command": ["python", "-m", "ddp_trainer"]}
 
 
@@ -150,12 +153,17 @@ class PodWatch:
 
 
 class OperatorProcess:
-    """The operator as deployed: its own process, every namespace, metrics and liveness off."""
+    """The operator as deployed: its own process, every namespace, liveness off.
+
+    Its metrics server is on (a free port), only so that we can read its reconcile histogram
+    before and after the load: the server thread idles between those two scrapes.
+    """
 
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
         self.log_path = log_path
-        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces", "--metrics-port", "0",
-                "--liveness", ""]  # fmt: skip
+        self.metrics_port = free_port()
+        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces",
+                "--metrics-port", str(self.metrics_port), "--liveness", ""]  # fmt: skip
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -181,6 +189,12 @@ class OperatorProcess:
                 out[key] = int(value.split()[0]) / 1024
         return out
 
+    def reconciles(self) -> apiserver.Histogram:
+        """The operator's ``ddpjob_operator_reconcile_duration_seconds`` histogram, now."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return apiserver.histograms(text, RECONCILE).get(("", ""), apiserver.Histogram())
+
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -200,14 +214,19 @@ class OperatorProcess:
 
 
 class Profiler:
-    """py-spy sampling the operator (all threads, not pausing it), as collapsed stacks."""
+    """py-spy sampling the operator's threads, without pausing it, as collapsed stacks.
+
+    ``--idle`` keeps the samples of threads blocked in a system call (waiting for the apiserver):
+    for a process that mostly waits, that is where its wall time goes.
+    """
 
     def __init__(self, pid: int, out: Path) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(exe).exists():
             raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
         self.out = out
-        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", "raw", "-o", str(out)]
+        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--idle", "--format", "raw",
+                "-o", str(out)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
@@ -218,8 +237,13 @@ class Profiler:
             self.proc.kill()
 
 
-def profile_summary(collapsed: str, top: int = 15) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
-    """From py-spy's collapsed stacks: samples, and the functions with the largest inclusive and self shares."""
+def profile_summary(
+    collapsed: str, top: int = 15, within: str = ""
+) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """From py-spy's collapsed stacks: samples, and the functions with the largest inclusive and self shares.
+
+    With ``within``, only the stacks that pass through a function of that name count.
+    """
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
@@ -229,6 +253,8 @@ def profile_summary(collapsed: str, top: int = 15) -> tuple[int, list[tuple[str,
             continue
         n = int(count)
         frames = [_frame_name(f) for f in stack.split(";")]
+        if within and not any(f.startswith(within + " ") for f in frames):
+            continue
         total += n
         for name in set(frames):
             inclusive[name] += n
@@ -346,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
             before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
             cpu_before = op.cpu_seconds()
+            reconciles_before = op.reconciles()
             profiler = Profiler(op.pid, args.out / f"{NAME}.pyspy.txt") if args.profile else None
             names = [f"j{i:05d}" for i in range(args.jobs)]
             wall = time.perf_counter()
@@ -357,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 profiler.stop()
             cpu = op.cpu_seconds()
             memory = op.memory_mb()
+            reconciles = op.reconciles().minus(reconciles_before)
             after = apiserver.request_durations(client.raw("GET", "/metrics").decode())
             op.check_alive()
             log(f"  {done}/{args.jobs} jobs have all their pods after {wall:.1f}s")
@@ -373,6 +401,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "operator_peak_rss_mb": memory.get("VmHWM", float("nan")),
         "operator_rss_end_mb": memory.get("VmRSS", float("nan")),
         "wall_s": wall,
+        "reconciles": reconciles.count,
+        "reconcile_mean_s": reconciles.mean,
+        "reconcile_p50_s": reconciles.quantile(0.5),
+        "reconcile_p99_s": reconciles.quantile(0.99),
+        "reconciles_in_flight": reconciles.total / wall if wall > 0 else float("nan"),
         "create_errors": create_errors[:20],
         "operator_error_lines": operator_errors[:20],
     }
@@ -423,6 +456,10 @@ def report(
         ["operator CPU seconds, load / since start", f"{f['operator_cpu_s']:.1f} / {f['operator_cpu_s_total']:.1f}",
          "", ""],
         ["operator CPU use during the load", f"{f['operator_cpu_s'] / f['wall_s']:.2f} cores", "", ""],
+        ["operator reconciles, per job", f"{f['reconciles']:.0f}, {f['reconciles'] / max(1, f['jobs']):.1f}", "", ""],
+        ["reconcile duration, mean / p50 / p99",
+         f"{_ms(f['reconcile_mean_s'])} / {_ms(f['reconcile_p50_s'])} / {_ms(f['reconcile_p99_s'])} ms", "", ""],
+        ["reconciles in flight on average (time in reconcile / wall)", f"{f['reconciles_in_flight']:.1f}", "", ""],
         ["operator log lines with ERROR or Traceback", str(len(f["operator_error_lines"])), "", ""],
     ]  # fmt: skip
     verb_rows = [[v, f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
@@ -454,15 +491,18 @@ def _ms(seconds: float) -> str:
 def profile_report(path: Path) -> str:
     if not path.exists():
         return "(py-spy wrote no profile)"
-    total, inclusive, own = profile_summary(path.read_text())
+    text = path.read_text()
+    total, inclusive, own = profile_summary(text, top=20, within="reconcile")
+    everything, _, _ = profile_summary(text)
     rows = [[name, f"{share:.1f}%"] for name, share in inclusive]
     self_rows = [[name, f"{share:.1f}%"] for name, share in own]
     return "\n".join([
-        f"Where the operator's time goes (py-spy, {total} samples of busy threads at 100 Hz during the load):",
+        f"Where the reconciles' wall time goes (py-spy at 100 Hz with --idle during the load: {total} samples "
+        f"inside `reconcile` out of {everything} from all threads, blocked ones included):",
         "",
-        table(["function (inclusive)", "share of samples"], rows),
+        table(["function (inclusive)", "share of reconcile samples"], rows),
         "",
-        table(["function (self)", "share of samples"], self_rows),
+        table(["function (self)", "share of reconcile samples"], self_rows),
     ])  # fmt: skip
 
 

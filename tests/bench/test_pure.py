@@ -1,0 +1,140 @@
+"""The benchmarks' arithmetic: statistics, the apiserver histogram, job latencies, profiles, the window."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import apiserver, common, ddp_cpu, operator_scale, workload
+
+
+def _series(verb: str, resource: str, subresource: str, buckets: dict[str, int], total: float) -> str:
+    labels = f'resource="{resource}",scope="resource",subresource="{subresource}",verb="{verb}",version="v1"'
+    lines = [f'apiserver_request_duration_seconds_bucket{{{labels},le="{le}"}} {n}' for le, n in buckets.items()]
+    count = buckets["+Inf"]
+    lines += [f"apiserver_request_duration_seconds_sum{{{labels}}} {total}",
+              f"apiserver_request_duration_seconds_count{{{labels}}} {count}"]  # fmt: skip
+    return "\n".join(lines)
+
+
+METRICS = "\n".join([
+    "# HELP apiserver_request_duration_seconds Response latency distribution in seconds.",
+    "# TYPE apiserver_request_duration_seconds histogram",
+    _series("POST", "pods", "", {"0.005": 0, "0.025": 50, "0.05": 100, "+Inf": 100}, 2.5),
+    _series("PUT", "ddpjobs", "status", {"0.005": 10, "0.025": 10, "0.05": 10, "+Inf": 10}, 0.03),
+    _series("LIST", "pods", "", {"+Inf": 7}, 0.1),
+    "",
+])  # fmt: skip
+
+
+def test_apiserver_durations_are_grouped_by_verb_and_resource_with_subresource():
+    durations = apiserver.request_durations(METRICS)
+    assert set(durations) == {("POST", "pods"), ("PUT", "ddpjobs/status"), ("LIST", "pods")}
+    assert durations[("POST", "pods")].count == 100
+    assert durations[("POST", "pods")].mean == pytest.approx(0.025)
+
+
+def test_quantiles_interpolate_within_the_bucket_like_histogram_quantile():
+    h = apiserver.request_durations(METRICS)[("POST", "pods")]
+    assert h.quantile(0.5) == pytest.approx(0.025)  # rank 50 is the top of the second bucket
+    assert h.quantile(0.75) == pytest.approx(0.0375)  # half-way into the (0.025, 0.05] bucket
+    assert math.isnan(apiserver.Histogram().quantile(0.5))
+
+
+def test_only_mutating_verbs_are_summed_per_verb():
+    verbs = apiserver.by_verb(apiserver.request_durations(METRICS))
+    assert set(verbs) == {"POST", "PUT"}
+
+
+def test_the_difference_of_two_scrapes_counts_only_what_happened_between():
+    before = apiserver.request_durations(METRICS)
+    after = apiserver.request_durations(
+        "\n".join([METRICS, ""]).replace("} 100\n", "} 130\n").replace("} 50\n", "} 80\n")
+    )
+    during = apiserver.difference(after, before)
+    assert during[("POST", "pods")].count == 30
+    assert during[("POST", "pods")].buckets[0.025] == 30
+    assert during[("PUT", "ddpjobs/status")].count == 0
+
+
+def test_percentile_interpolates_and_spread_reports_median_and_range():
+    assert common.percentile([1, 2, 3, 4], 50) == 2.5
+    assert common.percentile([5], 99) == 5
+    s = common.Spread.of([1.0, 3.0, 2.0])
+    assert (s.median, s.low, s.high) == (2.0, 1.0, 3.0)
+    assert common.paired_ratios([2.0, 3.0], [1.0, 3.0]).values == [2.0, 1.0]
+
+
+def test_alternation_flips_the_order_every_repetition():
+    order: list[str] = []
+    common.alternate(3, {n: (lambda n=n: order.append(n) or {"img_per_s": 1.0}) for n in "AB"})
+    assert order == ["A", "B", "B", "A", "A", "B"]
+
+
+def test_the_window_spans_exactly_the_measured_steps():
+    events: list[str] = []
+    w = common.Window(2, 3, sync=lambda: events.append("sync"), on_open=lambda: events.append("open"),
+                      on_close=lambda: events.append("close"))  # fmt: skip
+    for step in range(1, 6):
+        w.step_done(step)
+    assert events == ["sync", "open", "close", "sync"]
+    assert w.seconds > 0
+
+
+def test_a_window_that_never_closed_says_how_many_steps_it_needed():
+    w = common.Window(2, 3)
+    w.step_done(2)
+    with pytest.raises(common.BenchError, match="fewer than 5 steps"):
+        _ = w.seconds
+
+
+def test_job_latency_runs_from_the_post_to_the_last_pod_and_throughput_over_the_whole_span():
+    jobs = [operator_scale.JobTimes(sent=float(i), created=i + 0.01, done=i + 1.0 + i / 10) for i in range(10)]
+    jobs.append(operator_scale.JobTimes(sent=10.0, created=10.01))  # never done
+    f = operator_scale.summarize_jobs(jobs)
+    assert (f["jobs"], f["done"]) == (11, 10)
+    assert f["p50_s"] == pytest.approx(1.45)
+    assert f["max_s"] == pytest.approx(1.9)
+    assert f["sustained_jobs_per_s"] == pytest.approx(10 / 10.9)
+    assert f["created_jobs_per_s"] == pytest.approx(1.0)
+
+
+def test_profile_summary_counts_each_function_once_per_stack_and_names_the_leaf_as_self():
+    collapsed = (
+        "run (asyncio/events.py:80);reconcile (ddpjob_operator/controller.py:40);request (urllib3/pool.py:10) 6\n"
+        "run (asyncio/events.py:80);reconcile (ddpjob_operator/controller.py:41) 4\n"
+    )
+    total, inclusive, own = operator_scale.profile_summary(collapsed)
+    assert total == 10
+    assert dict(inclusive)["reconcile (ddpjob_operator/controller.py)"] == pytest.approx(100.0)
+    assert own[0] == ("request (urllib3/pool.py)", pytest.approx(60.0))
+
+
+def test_weak_scaling_efficiency_compares_twice_the_ranks_with_twice_the_throughput():
+    def runs(ips: list[float]) -> list[dict[str, object]]:
+        return [{"img_per_s": x, "fwd_bwd_ms": [10.0, 20.0]} for x in ips]
+
+    ratios, efficiency, rows = ddp_cpu.summarize(
+        {
+            "trainer x1": runs([100, 100]),
+            "textbook x1": runs([100, 50]),
+            "trainer x2": runs([180, 180]),
+            "textbook x2": runs([200, 100]),
+        },
+        [1, 2],
+    )
+    assert ratios[1].values == [1.0, 2.0]
+    assert efficiency["trainer"].median == pytest.approx(0.9)
+    assert efficiency["textbook"].median == pytest.approx(1.0)
+    assert rows[0][:3] == [1, "trainer", "15.0"]  # p50 of every measured step pooled
+
+
+def test_presets_give_the_classic_sizes_and_flags_override_them():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    workload.add_arguments(parser)
+    w = workload.from_arguments(parser.parse_args(["--preset", "classic", "--batch-size", "64"]))
+    assert (w.model, w.image_size, w.batch_size) == ("resnet50", 224, 64)
+    assert "--steps=25" in w.trainer_args()

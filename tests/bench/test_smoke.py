@@ -1,0 +1,68 @@
+"""One tiny run of each benchmark script: it runs end to end and writes its JSON and table.
+
+No test here asserts a timing: these machines are shared and noisy, and the figures are not the point.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import common, ddp_cpu, gpu_recipe, instrumentation, operator_scale, trainer_vs_plain
+
+TINY = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "4", "--warmup", "1", "--measure", "1",
+        "--repeats", "1"]  # fmt: skip
+
+
+def written(out: Path, name: str) -> dict[str, object]:
+    assert (out / f"{name}.md").read_text().startswith("### ")
+    data: dict[str, object] = json.loads((out / f"{name}.json").read_text())
+    return data
+
+
+def test_trainer_vs_plain_runs_both_programs_and_reports_their_ratio(tmp_path: Path):
+    result = trainer_vs_plain.main([*TINY, "--out", str(tmp_path)])
+    data = written(tmp_path, "trainer_vs_plain")
+    assert set(data["runs"]) == {"trainer", "plain loop"}  # type: ignore[call-overload]
+    assert result["targets"][0][0] == "trainer / plain loop"
+
+
+def test_instrumentation_runs_the_three_variants_and_scrapes_the_metrics_server(tmp_path: Path):
+    instrumentation.main([*TINY, "--scrape-seconds", "0.2", "--out", str(tmp_path)])
+    data = written(tmp_path, "instrumentation")
+    assert set(data["runs"]) == {"server on", "server off", "stubbed"}  # type: ignore[call-overload]
+
+
+def test_ddp_cpu_runs_both_programs_under_torchrun_with_two_gloo_ranks(tmp_path: Path):
+    ddp_cpu.main([*TINY, "--world-sizes", "2", "--out", str(tmp_path)])
+    data = written(tmp_path, "ddp_cpu")
+    runs = data["runs"]
+    assert {r["world_size"] for rs in runs.values() for r in rs} == {2}  # type: ignore[attr-defined]
+    assert all(r["fwd_bwd_ms"] for rs in runs.values() for r in rs)  # type: ignore[attr-defined]
+
+
+@pytest.mark.cluster
+def test_operator_scale_creates_a_few_jobs_in_its_own_box_and_times_their_pods(tmp_path: Path):
+    result = operator_scale.main(["--jobs", "5", "--rate", "0", "--out", str(tmp_path)])
+    figures = written(tmp_path, "operator_scale")["figures"]
+    assert figures["done"] == 5  # type: ignore[index]
+    assert figures["operator_peak_rss_mb"] > 0  # type: ignore[index]
+    assert "POST" in result["markdown"]
+
+
+def test_gpu_recipe_says_plainly_when_there_is_no_gpu_and_exits_0(tmp_path: Path):
+    import torch
+
+    argv = [sys.executable, "-m", "bench.gpu_recipe", "--out", str(tmp_path)]
+    if torch.cuda.is_available():
+        argv += [*TINY, "--num-workers", "0"]
+    done = subprocess.run(argv, cwd=common.REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if torch.cuda.is_available():
+        assert "syncs" in done.stdout
+    else:
+        assert gpu_recipe.NO_GPU in done.stdout
