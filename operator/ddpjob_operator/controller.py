@@ -54,8 +54,13 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime) -> float | 
         assert job is not None
         pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
         the_plan = plan(job, old, pods, now)
-    if not _write_status(kube, body, old, the_plan.status):
-        return 0.0  # someone wrote in between: look again at once
+    try:
+        if not _write_status(kube, body, old, the_plan.status):
+            return 0.0  # someone wrote in between: look again at once
+    except KubeError as err:
+        if err.status == 404:
+            return None  # deleted since we read it
+        raise
     _post_events(kube, body, the_plan.status.attempt, the_plan.events, now)
     if job is None:
         return None

@@ -38,10 +38,10 @@ class Raw:
         self.api = api_client
 
     def request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
-                content_type: str = "application/json") -> Any:  # fmt: skip
+                content_type: str = "application/json", headers_accept: str = "application/json") -> Any:  # fmt: skip
         m, url, h, b, _ = self.api.param_serialize(
             method=method, resource_path=path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
+            header_params={"Accept": headers_accept, "Content-Type": content_type},
         )  # fmt: skip
         response = self.api.call_api(m, url, header_params=h, body=b, _request_timeout=30)
         raw = response.read()

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.cluster
 _names = (f"h{i}" for i in itertools.count())
 
 
+# The operator under test runs in a thread of this process and draws on `random` (backoff jitter),
+# which Hypothesis would otherwise blame on the strategy.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(spec=specs().filter(lambda s: s["template"]["spec"]["containers"][0]["name"] != "sidecar"))

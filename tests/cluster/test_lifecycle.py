@@ -232,3 +232,27 @@ def test_deleting_the_job_removes_its_children_without_finalizers(raw: Raw, name
     raw.delete(f"/apis/ddpjob.dev/v1alpha1/namespaces/{namespace}/ddpjobs/train")
     wait_for(lambda: raw.job(namespace, "train") is None, what="the job to go")
     wait_for(lambda: raw.pods(namespace, "train") == [], what="the garbage collector to delete the pods")
+
+
+def test_kubectl_get_shows_phase_ready_restarts_and_age(raw: Raw, namespace: str, operator: Operator) -> None:
+    start(raw, namespace)
+    run_all(raw, namespace)
+    table = raw.request(
+        "GET", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}",
+        headers_accept="application/json;as=Table;v=v1;g=meta.k8s.io",
+    )  # fmt: skip
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    assert columns == ["Name", "Phase", "Ready", "Restarts", "Age"]
+    (row,) = table["rows"]
+    assert row["cells"][:4] == ["train", "Running", "2/2", 0]
+    status = raw.status(namespace, "train")
+    assert status["startTime"] and status["observedGeneration"] == 1
+
+
+def test_the_operator_leaves_namespaces_it_does_not_watch_alone(
+    raw: Raw, namespace: str, module_namespace: str, operator: Operator
+) -> None:
+    raw.create_job(module_namespace, job_body("elsewhere"))
+    start(raw, namespace, "here")
+    assert raw.status(module_namespace, "elsewhere") == {}
+    assert raw.pods(module_namespace, "elsewhere") == []
