@@ -23,7 +23,6 @@ from ddpjob_operator.workqueue import Key, WorkQueue
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events describe transitions
-    settings.persistence.finalizer = f"{api.GROUP}/kopf-unused"  # never set: no handler needs one
     kube = Kube()
 
     async def run(key: Key) -> float | None:

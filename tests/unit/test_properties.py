@@ -91,7 +91,7 @@ statuses = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=specs(), name=dns_label)
 def test_every_admissible_spec_parses_and_builds_pods_that_honour_the_contract(spec: dict[str, Any], name: str) -> None:
     j = parse_job({"metadata": {"name": name, "namespace": "ns", "uid": "u"}, "spec": spec})
@@ -109,7 +109,7 @@ def test_every_admissible_spec_parses_and_builds_pods_that_honour_the_contract(s
     assert len(names) == j.spec.replicas
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), spec=specs(), status=statuses, elapsed=st.integers(0, 20_000))
 def test_planning_never_fails_and_never_creates_over_an_existing_pod(
     data: st.DataObject, spec: dict[str, Any], status: JobStatus, elapsed: int
