@@ -207,7 +207,7 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime) -> Pl
             if restarting and restarting.status:
                 status = status.with_condition("Restarting", False, REASON_RECOVERED, message, now)
             events.append(Event(REASON_ALL_RUNNING, message))
-    elif status.phase is not Phase.RESTARTING:
+    elif status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays Running
         status = replace(status, phase=Phase.PENDING)
         if status.condition("Running") is None:
             status = status.with_condition("Running", False, REASON_PODS_PENDING, "no rank has started yet", now)

@@ -104,6 +104,13 @@ def test_the_job_runs_once_every_rank_runs() -> None:
     assert (c.status.running, c.status.active, c.status.replicas) == (2, 2, 2)
 
 
+def test_a_running_job_stays_running_while_a_pod_is_unknown() -> None:
+    c = running(2)
+    c.set(1, phase="Unknown")  # its node stopped reporting: not a failure yet
+    c.settle()
+    assert c.status.phase is Phase.RUNNING and c.status.running == 1 and c.status.restarts == 0
+
+
 def test_the_job_succeeds_once_every_rank_exits_zero() -> None:
     c = running(2)
     c.set(0, phase="Succeeded", exit_code=0)

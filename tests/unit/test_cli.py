@@ -1,0 +1,52 @@
+"""`ddpjob operator`: flags map onto Kopf's run() (scope, liveness, metrics port)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddpjob_operator import cli
+
+
+@pytest.fixture
+def kopf_run(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import kopf
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(kopf, "configure", lambda **kw: None)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("argv", "clusterwide", "namespaces"),
+    [
+        (["operator"], True, []),
+        (["operator", "-A"], True, []),
+        (["run", "-n", "team-a", "--namespace", "ml-*"], False, ["team-a", "ml-*"]),
+    ],
+)
+def test_the_scope_is_a_list_of_namespaces_or_all(
+    kopf_run: dict[str, Any], argv: list[str], clusterwide: bool, namespaces: list[str]
+) -> None:
+    assert cli.main(argv) == 0
+    assert (kopf_run["clusterwide"], list(kopf_run["namespaces"])) == (clusterwide, namespaces)
+    assert kopf_run["standalone"] is True
+
+
+def test_metrics_and_liveness_can_be_moved_or_turned_off(kopf_run: dict[str, Any]) -> None:
+    cli.main(["operator", "--metrics-port", "0", "--liveness", ""])
+    assert kopf_run["liveness_endpoint"] is None and kopf_run["memo"]["metrics_port"] == 0
+    cli.main(["operator", "--metrics-port", "9999", "--liveness", "http://0.0.0.0:1/healthz"])
+    assert kopf_run["liveness_endpoint"] == "http://0.0.0.0:1/healthz" and kopf_run["memo"]["metrics_port"] == 9999
+
+
+def test_namespaces_and_all_namespaces_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["operator", "-A", "-n", "x"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_a_subcommand_is_one_entry_in_the_table() -> None:
+    assert {"operator", "run"} <= set(cli.COMMANDS)
