@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddpjob_box.node import images, podspec, targets
-from ddpjob_box.node.launch import Mount, launch_argv
+from ddpjob_box.node.launch import Mount, launch_argv, mount_order
 
 POD: dict[str, Any] = {
     "metadata": {
@@ -129,3 +129,10 @@ def test_scrape_targets_carry_the_job_and_rank_labels() -> None:
             },
         }
     ]
+
+
+def test_a_mount_over_tmp_comes_after_the_mounts_whose_sources_live_under_tmp() -> None:
+    tmp = Mount("/tmp/box/pod/volumes/tmp", "/tmp")
+    ckpt = Mount("/tmp/box/claims/c1", "/checkpoints")
+    nested = Mount("/data/x", "/checkpoints/x")
+    assert mount_order([tmp, nested, ckpt]) == [ckpt, nested, tmp]

@@ -81,8 +81,10 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     jobs: Jobs, kubectl: Kubectl, namespace: str, local_node: LocalNode, prometheus: Prometheus
 ) -> None:
     manifest = REPO / "manifests" / "cpu-ddp.yaml"
-    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    steps = int(re.search(r'"--steps",\s*"(\d+)"', manifest.read_text().replace("'", '"')).group(1))  # type: ignore[union-attr]
+    job = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "DDPJob")
+    name = job["metadata"]["name"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    steps = int(args[args.index("--steps") + 1])
     kubectl("apply", "-n", namespace, "-f", str(manifest))
     status = jobs.wait_phase(name, "Succeeded", 600)
     assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
