@@ -131,6 +131,23 @@ def wait_for_master(job: Job, trainer: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
+METRICS_PORT_NAME = "metrics"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+
+
+def named_ports(job: Job, ports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The template's ports plus `metrics` (process 0's /metrics, what a PodMonitor scrapes) and
+    `rendezvous`, each unless the template already declares that name or number."""
+    taken_names = {p.get("name") for p in ports}
+    taken_numbers = {p.get("containerPort") for p in ports}
+    added = [
+        {"name": name, "containerPort": number, "protocol": "TCP"}
+        for name, number in ((METRICS_PORT_NAME, job.spec.metrics_port), (RENDEZVOUS_PORT_NAME, job.spec.port))
+        if name not in taken_names and number not in taken_numbers
+    ]
+    return [*ports, *added]
+
+
 def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait."""
     template = copy.deepcopy(dict(job.spec.template))
@@ -155,6 +172,7 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
         trainer["ports"] = [*ports, {"name": "metrics", "containerPort": job.spec.metrics_port, "protocol": "TCP"}]
     # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
     trainer["env"] = [*injected_env(job, rank, attempt), *(trainer.get("env") or [])]
+    trainer["ports"] = named_ports(job, trainer.get("ports") or [])
     checkpoint = job.spec.checkpoint
     if checkpoint is not None:
         source = (

@@ -159,3 +159,24 @@ def test_building_a_pod_does_not_modify_the_job() -> None:
     builders.pod(j, 0, 0)
     builders.pod(j, 1, 3)
     assert repr(j) == before
+
+
+@pytest.mark.parametrize(
+    ("ports", "expected"),
+    [
+        ([], [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"},
+              {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]),
+        ([{"name": "metrics", "containerPort": 8000}],
+         [{"name": "metrics", "containerPort": 8000},
+          {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]),
+        ([{"name": "prom", "containerPort": 9100}, {"name": "rdzv", "containerPort": 29500}],
+         [{"name": "prom", "containerPort": 9100}, {"name": "rdzv", "containerPort": 29500}]),
+    ],
+)  # fmt: skip
+def test_the_trainer_declares_named_metrics_and_rendezvous_ports_unless_the_template_does(
+    ports: list[dict[str, Any]], expected: list[dict[str, Any]]
+) -> None:
+    template = {"spec": {"containers": [{"name": "t", "image": "i", "ports": ports}, {"name": "s", "image": "s"}]}}
+    pod = builders.pod(job(template=template, metricsPort=9100), 0, 0)
+    assert pod["spec"]["containers"][0]["ports"] == expected
+    assert "ports" not in pod["spec"]["containers"][1]
