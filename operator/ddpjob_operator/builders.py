@@ -166,12 +166,9 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
     spec["restartPolicy"] = "Never"
     trainer = spec["containers"][0]
-    # A named port is how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
-    ports = trainer.get("ports") or []
-    if not any(p.get("name") == "metrics" for p in ports):
-        trainer["ports"] = [*ports, {"name": "metrics", "containerPort": job.spec.metrics_port, "protocol": "TCP"}]
     # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
     trainer["env"] = [*injected_env(job, rank, attempt), *(trainer.get("env") or [])]
+    # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
     trainer["ports"] = named_ports(job, trainer.get("ports") or [])
     checkpoint = job.spec.checkpoint
     if checkpoint is not None:
