@@ -109,14 +109,17 @@ class Api:
 class WatchStream:
     def __init__(self, conn: http.client.HTTPSConnection, response: http.client.HTTPResponse) -> None:
         self.conn, self.response = conn, response
+        self.closed = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         buffer = b""
         while True:
             try:
                 chunk = self.response.read1(65536)
-            except (OSError, ValueError, http.client.HTTPException):
-                return  # closed under us: that is how a watch ends
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):
+                if self.closed:
+                    return  # closed under us: that is how a watch ends
+                raise
             if not chunk:
                 return
             buffer += chunk
@@ -126,6 +129,7 @@ class WatchStream:
                     yield json.loads(line)
 
     def close(self) -> None:
+        self.closed = True
         sock = self.conn.sock
         if sock is not None:
             try:

@@ -159,12 +159,14 @@ class OperatorProcess:
     before and after the load: the server thread idles between those two scrapes.
     """
 
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, executor_threads: int = 0) -> None:
         self.log_path = log_path
         self.metrics_port = free_port()
-        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces",
+        module = "bench.operator_whatif" if executor_threads else "ddpjob_operator"
+        argv = [sys.executable, "-m", module, "operator", "--all-namespaces",
                 "--metrics-port", str(self.metrics_port), "--liveness", ""]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+               "BENCH_OPERATOR_THREADS": str(executor_threads), "PYTHONPATH": str(REPO)}  # fmt: skip
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -267,6 +269,31 @@ def profile_summary(
     )
 
 
+def statement_shares(collapsed: str, function: str, source: Path) -> list[tuple[str, float]]:
+    """Share of the samples inside ``function`` (a function of ``source``) spent at each of its lines.
+
+    With py-spy's ``--idle`` samples this is where the function's wall time goes, statement by statement;
+    each line is labelled with its source text.
+    """
+    lines = source.read_text().splitlines() if source.exists() else []
+    marker = f"{function} ("
+    counts: Counter[int] = Counter()
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        ours = [f for f in stack.split(";") if f.startswith(marker) and f"/{source.name}:" in f]
+        if ours:
+            counts[int(ours[-1].rsplit(":", 1)[1].rstrip(")"))] += int(count)
+    total = sum(counts.values())
+
+    def label(n: int) -> str:
+        text = lines[n - 1].strip() if 0 < n <= len(lines) else "?"
+        return f"{source.name}:{n} `{text}`"
+
+    return [(label(n), 100.0 * c / total) for n, c in counts.most_common()] if total else []
+
+
 def _frame_name(frame: str) -> str:
     """``reconcile (ddpjob_operator/controller.py:45)`` -> ``reconcile (ddpjob_operator/controller.py)``."""
     name, _, where = frame.partition(" (")
@@ -339,9 +366,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=4, help="ranks (pods) per job")
     parser.add_argument("--rate", type=float, default=25.0, help="jobs offered per second; 0: as fast as possible")
-    parser.add_argument("--creators", type=int, default=4, help="threads creating jobs")
+    parser.add_argument("--creators", type=int, default=8, help="threads creating jobs")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on jobs not done this long after")
     parser.add_argument("--profile", action="store_true", help="record the operator with py-spy during the load")
+    parser.add_argument(
+        "--executor-threads", type=int, default=0,
+        help="what-if: run the operator with this many reconcile threads (bench.operator_whatif); 0: as shipped",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
     args = parser.parse_args(argv)
 
@@ -360,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for ns in ("bench-warmup", "bench-scale"):
             client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
         args.out.mkdir(parents=True, exist_ok=True)
-        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log")
+        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log", args.executor_threads)
         watch = PodWatch(client, args.replicas)
         try:
             started = time.monotonic()
@@ -372,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
             before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
             cpu_before = op.cpu_seconds()
+            load_before = os.getloadavg()[0]
             reconciles_before = op.reconciles()
             profiler = Profiler(op.pid, args.out / f"{NAME}.pyspy.txt") if args.profile else None
             names = [f"j{i:05d}" for i in range(args.jobs)]
@@ -384,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 profiler.stop()
             cpu = op.cpu_seconds()
             memory = op.memory_mb()
+            load_after = os.getloadavg()[0]
             reconciles = op.reconciles().minus(reconciles_before)
             after = apiserver.request_durations(client.raw("GET", "/metrics").decode())
             op.check_alive()
@@ -401,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "operator_peak_rss_mb": memory.get("VmHWM", float("nan")),
         "operator_rss_end_mb": memory.get("VmRSS", float("nan")),
         "wall_s": wall,
+        "load_average_1m": [round(load_before, 2), round(load_after, 2)],
         "reconciles": reconciles.count,
         "reconcile_mean_s": reconciles.mean,
         "reconcile_p50_s": reconciles.quantile(0.5),
@@ -445,6 +479,8 @@ def report(
     during: dict[tuple[str, str], apiserver.Histogram],
 ) -> str:
     offered = f"{args.rate:g} jobs/s offered" if args.rate else "created as fast as possible"
+    if args.executor_threads:
+        offered += f", WHAT-IF operator with {args.executor_threads} reconcile threads (bench shim)"
     rows = [
         ["jobs with all pods created", f"{f['done']} / {f['jobs']}", "", ""],
         ["create -> all pods created, p50", f"{f['p50_s']:.2f} s", "", ""],
@@ -460,6 +496,8 @@ def report(
         ["reconcile duration, mean / p50 / p99",
          f"{_ms(f['reconcile_mean_s'])} / {_ms(f['reconcile_p50_s'])} / {_ms(f['reconcile_p99_s'])} ms", "", ""],
         ["reconciles in flight on average (time in reconcile / wall)", f"{f['reconciles_in_flight']:.1f}", "", ""],
+        ["machine load average (1 min) at the start / end of the load", " / ".join(map(str, f["load_average_1m"])),
+         "", ""],
         ["operator log lines with ERROR or Traceback", str(len(f["operator_error_lines"])), "", ""],
     ]  # fmt: skip
     verb_rows = [[v, f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
@@ -492,15 +530,17 @@ def profile_report(path: Path) -> str:
     if not path.exists():
         return "(py-spy wrote no profile)"
     text = path.read_text()
-    total, inclusive, own = profile_summary(text, top=20, within="reconcile")
+    total, _, own = profile_summary(text, top=8, within="reconcile")
     everything, _, _ = profile_summary(text)
-    rows = [[name, f"{share:.1f}%"] for name, share in inclusive]
+    controller = REPO / "operator" / "ddpjob_operator" / "controller.py"
+    statements = [[where, f"{share:.1f}%"] for where, share in statement_shares(text, "_reconcile", controller)[:10]]
     self_rows = [[name, f"{share:.1f}%"] for name, share in own]
     return "\n".join([
-        f"Where the reconciles' wall time goes (py-spy at 100 Hz with --idle during the load: {total} samples "
-        f"inside `reconcile` out of {everything} from all threads, blocked ones included):",
+        f"Where the reconciles' wall time goes (py-spy at 100 Hz with `--idle` during the load: {total} samples "
+        f"inside `reconcile` out of {everything} from all threads, blocked ones included), by statement of "
+        "`_reconcile`, then by innermost function:",
         "",
-        table(["function (inclusive)", "share of reconcile samples"], rows),
+        table(["statement", "share of reconcile samples"], statements),
         "",
         table(["function (self)", "share of reconcile samples"], self_rows),
     ])  # fmt: skip

@@ -138,3 +138,25 @@ def test_presets_give_the_classic_sizes_and_flags_override_them():
     w = workload.from_arguments(parser.parse_args(["--preset", "classic", "--batch-size", "64"]))
     assert (w.model, w.image_size, w.batch_size) == ("resnet50", 224, 64)
     assert "--steps=25" in w.trainer_args()
+
+
+def test_a_profile_can_be_narrowed_to_the_stacks_through_one_function():
+    collapsed = (
+        "select (selectors.py:10) 90\n"
+        "_reconcile (ddpjob_operator/controller.py:44);read (ssl.py:1) 3\n"
+        "_reconcile (ddpjob_operator/controller.py:74);read (ssl.py:1) 7\n"
+    )
+    total, _, own = operator_scale.profile_summary(collapsed, within="_reconcile")
+    assert total == 10
+    assert own == [("read (ssl.py)", pytest.approx(100.0))]
+
+
+def test_statement_shares_label_each_line_of_the_function_with_its_source(tmp_path):
+    source = tmp_path / "controller.py"
+    source.write_text("def _reconcile():\n    get()\n    create()\n")
+    collapsed = (
+        "_reconcile (ddpjob_operator/controller.py:2);read (ssl.py:1) 1\n"
+        "_reconcile (ddpjob_operator/controller.py:3);read (ssl.py:1) 3\n"
+    )
+    shares = operator_scale.statement_shares(collapsed, "_reconcile", source)
+    assert shares == [("controller.py:3 `create()`", 75.0), ("controller.py:2 `get()`", 25.0)]
