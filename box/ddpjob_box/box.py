@@ -14,7 +14,7 @@ from ddpjob_box.controlplane import ControlPlane
 from ddpjob_box.errors import BoxError
 from ddpjob_box.node.network import Bridge, pick_subnet
 from ddpjob_box.node.provisioner import storage_class
-from ddpjob_box.node.teardown import teardown
+from ddpjob_box.node.teardown import record_node, teardown
 from ddpjob_box.processes import Component, tail, wait_until
 from ddpjob_box.prometheus import Prometheus
 
@@ -38,7 +38,7 @@ class LocalNode:
     def start(self) -> None:
         if os.geteuid() != 0:
             raise BoxError("the local node needs root for network namespaces: run as root (sudo make ...)")
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        record_node(self.state_dir, self.bridge, self.netns_prefix)
         self.component = Component(
             "node",
             [

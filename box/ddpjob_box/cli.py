@@ -8,7 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ddpjob_box.controlplane import ControlPlane, wait_forever
+from ddpjob_box.box import Box
+from ddpjob_box.controlplane import wait_forever
 from ddpjob_box.errors import BoxError
 
 
@@ -23,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument("--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
     up.add_argument("--reset", action="store_true", help="wipe a data directory left by a killed run")
+    up.add_argument(
+        "--node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also start the local node (pods run as processes; needs root) and Prometheus",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,10 +37,20 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "box"
-        plane = ControlPlane(data_dir=data_dir, apiserver_port=args.port, reset=args.reset)
+        box = Box(
+            data_dir=data_dir,
+            apiserver_port=args.port,
+            reset=args.reset,
+            with_node=args.node,
+            with_prometheus=args.node,
+        )
         try:
-            plane.start()
+            box.start()
+            plane = box.plane
+            assert plane is not None
             print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
+            if box.prometheus is not None:
+                print(f"local node running pods; Prometheus at {box.prometheus.url}", flush=True)
             print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)
             wait_forever(plane)
         except BoxError as err:
@@ -42,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("stopping the control plane", flush=True)
         finally:
-            plane.stop()
+            box.stop()
     return 0
 
 

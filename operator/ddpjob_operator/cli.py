@@ -49,7 +49,20 @@ def _run_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    from ddpjob_box.cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from ddpjob_box.cli import run
+
+    return run(args)
+
+
 COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
+    "cluster": ("the cluster in a box for tests and demos (`ddpjob cluster up`)", _cluster_arguments, _run_cluster),
     "operator": ("run the operator (Kopf) against the cluster in KUBECONFIG", _operator_arguments, _run_operator),
     "run": ("alias of `operator`", _operator_arguments, _run_operator),
 }

@@ -16,6 +16,7 @@ import pytest
 from ddpjob_box import toolchain
 from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir
 from ddpjob_box.errors import BoxError
+from ddpjob_box.node.teardown import teardown_recorded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,6 +136,7 @@ def box_data_dir(tmp_path: Path) -> Iterator[Path]:
     yield data_dir
     for pid in _processes_mentioning(str(data_dir)):  # only ours: their command lines name our temp dir
         os.kill(pid, signal.SIGKILL)
+    teardown_recorded(data_dir / "node")  # the bridge and namespaces of a box that was killed outright
 
 
 def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
@@ -177,3 +179,4 @@ def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_di
     proc.kill()
     proc.wait()
     assert _wait_gone(box_data_dir, 10) == [], "PR_SET_PDEATHSIG stops the children of a killed box"
+    assert teardown_recorded(box_data_dir / "node"), "the node recorded what to clean up after a kill"

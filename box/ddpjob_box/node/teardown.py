@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import signal
 import time
 from pathlib import Path
@@ -28,3 +30,25 @@ def teardown(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
     for record in records:
         remove_created(record.created_dirs)
     bridge.delete()
+
+
+RECORD = "node.json"
+
+
+def record_node(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
+    """Note what the node will create, so a run killed outright can still be cleaned up later."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / RECORD).write_text(
+        json.dumps({"bridge": bridge.name, "subnet": str(bridge.subnet), "netns_prefix": netns_prefix})
+    )
+
+
+def teardown_recorded(state_dir: Path) -> bool:
+    """Tear down a node from its record (a killed run's leftovers); False when there is no record."""
+    record = state_dir / RECORD
+    if not record.exists():
+        return False
+    data = json.loads(record.read_text())
+    teardown(state_dir, Bridge(data["bridge"], ipaddress.IPv4Network(data["subnet"])), data["netns_prefix"])
+    record.unlink()
+    return True

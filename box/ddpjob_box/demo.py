@@ -1,0 +1,215 @@
+"""``make demo``: the whole user path in the box, narrated.
+
+Starts the control plane, the local node, Prometheus and the operator; applies the CPU example
+from manifests/ with the real kubectl; shows each rank's progress live; ends with a summary
+table and the Prometheus URL. Ctrl-C at any point tears everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddpjob_box import toolchain
+from ddpjob_box.box import Box
+from ddpjob_box.errors import BoxError
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "manifests" / "cpu-ddp.yaml"
+CRD = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
+NAMESPACE = "demo"
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def scrape(ip: str, port: int) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=1) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {name: _metric(text, name) for name in ("ddp_steps_total", "ddp_samples_total", "ddp_loss")}
+
+
+class Demo:
+    def __init__(self, box: Box, kubectl: Path):
+        assert box.plane is not None
+        self.box = box
+        self.kubectl_bin = kubectl
+        self.kubeconfig = box.plane.kubeconfig
+
+    def kubectl(self, *args: str) -> str:
+        proc = subprocess.run(
+            [str(self.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise BoxError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def job(self, name: str) -> dict[str, Any]:
+        return dict(yaml.safe_load(self.kubectl("get", "ddpjob", name, "-n", NAMESPACE, "-o", "yaml")))
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        listing = yaml.safe_load(
+            self.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"ddpjob.dev/job-name={name}", "-o", "yaml")
+        )
+        return sorted(listing["items"], key=lambda p: int(p["metadata"]["labels"]["ddpjob.dev/rank"]))
+
+    def watch(self, name: str, metrics_port: int) -> dict[str, Any]:
+        last: dict[str, tuple[float, float, float]] = {}  # rank -> (time, samples, steps)
+        while True:
+            job = self.job(name)
+            status = job.get("status") or {}
+            phase = status.get("phase", "Pending")
+            ranks = []
+            for pod in self.pods(name):
+                rank = pod["metadata"]["labels"]["ddpjob.dev/rank"]
+                ip = pod.get("status", {}).get("podIP")
+                values = scrape(ip, metrics_port) if ip else {}
+                now = time.monotonic()
+                before = last.get(rank)
+                if not values:  # not serving yet, or exited: show the last reading, at rest
+                    steps = before[2] if before else 0.0
+                    ranks.append(f"rank {rank}: step {steps:5.0f}  {0.0:7.1f} img/s")
+                    continue
+                steps, samples = values["ddp_steps_total"], values["ddp_samples_total"]
+                fresh = before is not None and now > before[0] and samples >= before[1]
+                rate = (samples - before[1]) / (now - before[0]) if fresh and before else 0.0
+                last[rank] = (now, samples, steps)
+                ranks.append(f"rank {rank}: step {steps:5.0f}  {rate:7.1f} img/s")
+            restarts = status.get("restarts", 0)
+            print(f"{time.strftime('%H:%M:%S')}  {phase:<10} restarts {restarts}  " + "   ".join(ranks), flush=True)
+            if phase in ("Succeeded", "Failed"):
+                return job
+            time.sleep(2)
+
+    def summary(self, name: str) -> str:
+        prom = self.box.prometheus
+        assert prom is not None
+        selector = f'namespace="{NAMESPACE}", ddpjob="{name}"'
+        queries = {
+            "steps": f"max by (rank) (max_over_time(ddp_steps_total{{{selector}}}[1h]))",
+            "samples": f"max by (rank) (max_over_time(ddp_samples_total{{{selector}}}[1h]))",
+            "step_sum": f"max by (rank) (max_over_time(ddp_step_seconds_sum{{{selector}}}[1h]))",
+            "step_count": f"max by (rank) (max_over_time(ddp_step_seconds_count{{{selector}}}[1h]))",
+        }
+        values: dict[str, dict[str, float]] = {}
+        for key, query in queries.items():
+            for series in prom.query(query):
+                values.setdefault(series["metric"].get("rank", "?"), {})[key] = float(series["value"][1])
+        lines = ["| rank | steps | samples | mean step (ms) | img/s |", "|---|---|---|---|---|"]
+        for rank in sorted(values, key=lambda r: int(r) if r.isdigit() else -1):
+            v = values[rank]
+            mean = v.get("step_sum", 0.0) / v["step_count"] if v.get("step_count") else 0.0
+            per_step = v.get("samples", 0.0) / v["steps"] if v.get("steps") else 0.0
+            rate = per_step / mean if mean else 0.0
+            lines.append(
+                f"| {rank} | {v.get('steps', 0):.0f} | {v.get('samples', 0):.0f} | {mean * 1000:.1f} | {rate:.1f} |"
+            )
+        return "\n".join(lines)
+
+
+def run(keep: bool) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    kubectl = toolchain.ensure(toolchain.kubernetes_build())["kubectl"]
+    manifest_job = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d.get("kind") == "DDPJob")
+    name = manifest_job["metadata"]["name"]
+    metrics_port = int(manifest_job["spec"].get("metricsPort", 9090))
+    with tempfile.TemporaryDirectory(prefix="ddpjob-demo-") as tmp:
+        box = Box(data_dir=Path(tmp) / "box")
+        operator: subprocess.Popen[bytes] | None = None
+        try:
+            print(
+                "starting the box: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, local node, "
+                "Prometheus",
+                flush=True,
+            )
+            box.start()
+            assert box.plane is not None and box.prometheus is not None
+            demo = Demo(box, kubectl)
+            print(f"export KUBECONFIG={box.plane.kubeconfig}", flush=True)
+            demo.kubectl("apply", "--server-side", "-f", str(CRD))
+            demo.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
+            demo.kubectl("create", "namespace", NAMESPACE)
+            log = open(box.plane.logs_dir / "operator.log", "wb")  # noqa: SIM115 - lives as long as the operator
+            operator = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ddpjob_operator",
+                    "operator",
+                    "-n",
+                    NAMESPACE,
+                    "--metrics-port",
+                    "0",
+                    "--liveness",
+                    "",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, KUBECONFIG=str(box.plane.kubeconfig)),
+                start_new_session=True,
+            )
+            print(f"operator running (log: {box.plane.logs_dir / 'operator.log'})", flush=True)
+            print(f"$ kubectl apply -n {NAMESPACE} -f manifests/{MANIFEST.name}", flush=True)
+            print(demo.kubectl("apply", "-n", NAMESPACE, "-f", str(MANIFEST)).strip(), flush=True)
+            job = demo.watch(name, metrics_port)
+            print(demo.kubectl("get", "ddpjob", name, "-n", NAMESPACE).strip())
+            time.sleep(4)  # one more scrape interval, so the table has the final counts
+            print(f"\nsummary of {NAMESPACE}/{name} ({job['status'].get('phase')}), from Prometheus:")
+            print(demo.summary(name))
+            print(
+                f"\nPrometheus: {box.prometheus.url}/graph?g0.expr=ddp_steps_total  (try: "
+                "rate(ddp_samples_total[30s]), histogram_quantile(0.5, rate(ddp_step_seconds_bucket[1m])))"
+            )
+            if keep:
+                print("the box keeps running; press Ctrl-C to stop it and remove everything", flush=True)
+                while True:
+                    time.sleep(3600)
+            return 0 if job["status"].get("phase") == "Succeeded" else 1
+        except KeyboardInterrupt:
+            print("\nstopping the box", flush=True)
+            return 130
+        except BoxError as err:
+            print(f"ddpjob demo: {err}", file=sys.stderr)
+            return 2
+        finally:
+            if operator is not None and operator.poll() is None:
+                operator.terminate()
+                try:
+                    operator.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+            box.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
+    parser.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=sys.stdin.isatty(),
+        help="keep the box running after the job ends, until Ctrl-C (default: on a terminal)",
+    )
+    return run(parser.parse_args(argv).keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
