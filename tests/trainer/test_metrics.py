@@ -65,3 +65,11 @@ def test_info_carries_the_run_facts_and_no_rank() -> None:
     m.info.info({"world_size": "2", "backend": "gloo", "model": "tinycnn"})
     assert sample(m, names.INFO, world_size="2", backend="gloo", model="tinycnn") == 1
     assert "rank" not in names.INFO_LABELS
+
+
+def test_the_step_gauge_is_the_training_step_even_when_a_resumed_process_counts_from_zero() -> None:
+    m = Metrics()
+    for n in (41, 42):  # a process resumed from the checkpoint of step 40
+        m.record(step(n))
+    assert sample(m, names.STEP) == 42
+    assert sample(m, names.STEPS_TOTAL) == 2

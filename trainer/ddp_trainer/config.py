@@ -223,6 +223,9 @@ class DebugConfig(_Section):
         default=-1, metadata=doc("Debug: the rank that sleeps --slow-seconds every step (a straggler); -1: none.")
     )
     slow_seconds: float = field(default=0.0, metadata=doc("Debug: how long --slow-rank sleeps each step."))
+    slow_until_step: int = field(
+        default=0, metadata=doc("Debug: --slow-rank sleeps only in steps up to this one (it recovers); 0: always.")
+    )
     crash_at_step: int = field(
         default=0, metadata=doc("Debug: SIGKILL the process after this step (and its checkpoint); 0: never.")
     )
@@ -231,6 +234,7 @@ class DebugConfig(_Section):
     def validate(self) -> None:
         self._at_least("slow_rank", -1)
         self._at_least("slow_seconds", 0)
+        self._at_least("slow_until_step", 0)
         self._at_least("crash_at_step", 0)
         self._at_least("crash_rank", -1)
 

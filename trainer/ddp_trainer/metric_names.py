@@ -16,6 +16,9 @@ STEPS_TOTAL = "ddp_steps_total"
 """Counter: optimizer steps done by this process."""
 SAMPLES_TOTAL = "ddp_samples_total"
 """Counter: samples this process has trained on."""
+STEP = "ddp_step"
+"""Gauge: the training step reached (the global optimizer step, restored from the checkpoint on
+resume; ``ddp_steps_total`` counts only this process's steps and restarts at 0)."""
 LAST_STEP_TIMESTAMP_SECONDS = "ddp_last_step_timestamp_seconds"
 """Gauge: Unix time the last step finished (for stall alerts: ``time() - ddp_last_step...``)."""
 LOSS = "ddp_loss"
@@ -42,6 +45,7 @@ ALL = (
     PHASE_SECONDS,
     STEPS_TOTAL,
     SAMPLES_TOTAL,
+    STEP,
     LAST_STEP_TIMESTAMP_SECONDS,
     LOSS,
     PROCESS_GROUP_READY,

@@ -23,6 +23,7 @@ from ddp_trainer.metric_names import (
     PHASES,
     PROCESS_GROUP_READY,
     SAMPLES_TOTAL,
+    STEP,
     STEP_SECONDS,
     STEPS_TOTAL,
 )
@@ -73,6 +74,7 @@ class Metrics:
         self.samples = Counter(
             _base(SAMPLES_TOTAL, "_total"), "Samples this process has trained on.", registry=self.registry
         )
+        self.step = Gauge(STEP, "The training step reached (restored on resume).", registry=self.registry)
         self.last_step = Gauge(LAST_STEP_TIMESTAMP_SECONDS, "Unix time the last step finished.", registry=self.registry)
         self.loss = Gauge(LOSS, "Loss of the last step on this rank.", registry=self.registry)
         self.pg_ready = Gauge(PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry)
@@ -90,6 +92,7 @@ class Metrics:
             self.phase_seconds.labels(phase).observe(timing.phase_seconds.get(phase, 0.0))
         self.steps.inc()
         self.samples.inc(timing.samples)
+        self.step.set(timing.step)
         self.loss.set(timing.loss)
         self.last_step.set(time.time())
 

@@ -209,7 +209,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     while pos.step < parts.total:
         batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
         for _ in range(min(parts.steps_per_epoch - pos.batch_in_epoch // accum, parts.total - pos.step)):
-            loss = _step(cfg, d, parts, batches, timer)
+            loss = _step(cfg, d, parts, batches, timer, slow=_slow(cfg, d, pos.step + 1))
             pos.step += 1
             pos.batch_in_epoch += accum
             if pos.batch_in_epoch // accum == parts.steps_per_epoch:
@@ -227,7 +227,16 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     return Result(steps=pos.step, model=parts.model, timings=timings)
 
 
-def _step(cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batch], timer: StepTimer) -> torch.Tensor:
+def _slow(cfg: Config, d: distributed.Dist, step: int) -> bool:
+    """Whether this rank plays the straggler in ``step`` (--slow-rank, until --slow-until-step)."""
+    debug = cfg.debug
+    until = debug.slow_until_step
+    return d.rank == debug.slow_rank and debug.slow_seconds > 0 and (until == 0 or step <= until)
+
+
+def _step(
+    cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batch], timer: StepTimer, *, slow: bool = False
+) -> torch.Tensor:
     """One optimizer step over ``grad_accum_steps`` micro-batches; returns the loss, on the device."""
     accum = cfg.optim.grad_accum_steps
     amp_dtype = _AMP_DTYPES.get(cfg.optim.amp)
@@ -238,7 +247,7 @@ def _step(cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batc
         images = images.to(d.device, non_blocking=True, memory_format=_memory_format(cfg))
         labels = labels.to(d.device, non_blocking=True)
         timer.mark("data")
-        if d.rank == cfg.debug.slow_rank and cfg.debug.slow_seconds > 0:
+        if slow:
             time.sleep(cfg.debug.slow_seconds)  # a simulated straggler: slow compute
         with distributed.no_sync(parts.ddp, sync=micro == accum - 1):
             with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
