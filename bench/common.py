@@ -34,11 +34,14 @@ class BenchError(Exception):
 
 @dataclass
 class Window:
-    """Wall time from the end of step ``warmup`` to the end of step ``warmup + measure`` (steps count from 1).
+    """Time from the end of step ``warmup`` to the end of step ``warmup + measure`` (steps count from 1).
 
-    ``sync`` waits for the device at both ends (two synchronizations per run, none per step), so on
-    a GPU the window holds exactly the device work of ``measure`` steps. ``on_open``/``on_close`` run
-    inside the window's edges, after the opening sync and before the closing one.
+    Two clocks: wall time, and this process's CPU time (all its threads). On a shared machine the
+    wall clock also counts other tenants' work; CPU time counts only ours, so ratios of it are far
+    steadier. ``sync`` waits for the device at both ends (two synchronizations per run, none per
+    step), so on a GPU the window holds exactly the device work of ``measure`` steps.
+    ``on_open``/``on_close`` run inside the window's edges, after the opening sync and before the
+    closing one.
     """
 
     warmup: int
@@ -48,16 +51,18 @@ class Window:
     on_close: Callable[[], None] = lambda: None
     opened: float = 0.0
     closed: float = 0.0
+    cpu_opened: float = 0.0
+    cpu_closed: float = 0.0
 
     def step_done(self, step: int) -> None:
         if step == self.warmup:
             self.sync()
-            self.opened = time.perf_counter()
+            self.opened, self.cpu_opened = time.perf_counter(), time.process_time()
             self.on_open()
         elif step == self.warmup + self.measure:
             self.on_close()
             self.sync()
-            self.closed = time.perf_counter()
+            self.closed, self.cpu_closed = time.perf_counter(), time.process_time()
 
     @property
     def total_steps(self) -> int:
@@ -68,6 +73,20 @@ class Window:
         if not self.closed:
             raise BenchError(f"the measured window never closed: fewer than {self.total_steps} steps ran")
         return self.closed - self.opened
+
+    @property
+    def cpu_seconds(self) -> float:
+        _ = self.seconds  # the same check
+        return self.cpu_closed - self.cpu_opened
+
+    def figures(self, samples_per_step: int, world_size: int) -> dict[str, float]:
+        """Global img/s by the wall clock, and images per CPU-second of this process (one rank)."""
+        return {
+            "img_per_s": self.measure * samples_per_step * world_size / self.seconds,
+            "img_per_cpu_s": self.measure * samples_per_step / self.cpu_seconds if self.cpu_seconds > 0 else 0.0,
+            "step_ms": 1000 * self.seconds / self.measure,
+            "cpu_ms_per_step": 1000 * self.cpu_seconds / self.measure,
+        }
 
 
 def emit(result: Mapping[str, Any]) -> None:
@@ -129,6 +148,8 @@ def alternate(repeats: int, variants: Mapping[str, Callable[[], dict[str, Any]]]
 
 
 def describe(result: Mapping[str, Any]) -> str:
+    if "img_per_cpu_s" in result:
+        return f"{result['img_per_s']:.1f} img/s, {result['img_per_cpu_s']:.1f} img per CPU-second"
     if "img_per_s" in result:
         return f"{result['img_per_s']:.1f} img/s"
     return ", ".join(f"{k}={v}" for k, v in result.items() if isinstance(v, int | float))[:120]
@@ -154,6 +175,43 @@ class Spread:
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> Spread:
     """Ratios a_i / b_i of the runs taken side by side in repetition i."""
     return Spread.of([x / y for x, y in zip(a, b, strict=True)])
+
+
+METRICS = {"img_per_s": "img/s (wall clock)", "img_per_cpu_s": "img per CPU-second (this process)"}
+
+
+def compare(runs: Mapping[str, list[dict[str, Any]]], a: str, b: str) -> dict[str, Spread]:
+    """Paired ratios a/b of each metric the runs report (wall-clock and CPU-time throughput)."""
+    return {
+        metric: paired_ratios([r[metric] for r in runs[a]], [r[metric] for r in runs[b]])
+        for metric in METRICS
+        if all(metric in r for r in (*runs[a], *runs[b]))
+    }
+
+
+def throughput_rows(runs: Mapping[str, list[dict[str, Any]]]) -> list[list[str]]:
+    """One row per variant: median (range) of each metric, and the median step time."""
+    rows = []
+    for name, rs in runs.items():
+        cells = [Spread.of([r[m] for r in rs]).show(1) if all(m in r for r in rs) else "" for m in METRICS]
+        rows.append([name, *cells, f"{Spread.of([r['step_ms'] for r in rs]).median:.1f}"])
+    return rows
+
+
+THROUGHPUT_HEADERS = ["variant", *(f"{label}, median (range)" for label in METRICS.values()), "step ms, median"]
+
+
+def ratio_lines(label: str, ratios: Mapping[str, Spread], target: float, pairs: int) -> list[str]:
+    return [
+        f"- {label}, {METRICS[m].split(' (')[0]}: **{r.show()}** over {pairs} pairs; target >= {target}: "
+        f"**{verdict(r.median, target)}**"
+        for m, r in ratios.items()
+    ]
+
+
+def ratio_targets(label: str, ratios: Mapping[str, Spread], target: float) -> list[tuple[str, float, str, str]]:
+    clock = {"img_per_s": "wall clock", "img_per_cpu_s": "CPU time"}
+    return [(f"{label} ({clock[m]})", r.median, f">= {target}", verdict(r.median, target)) for m, r in ratios.items()]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

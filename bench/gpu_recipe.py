@@ -63,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                f"--measure={w.measure}", "--", *w.trainer_args()]  # fmt: skip
     runs = alternate(
         args.repeats,
-        {"trainer, DDP on 1 GPU": lambda: run_child(trainer), "plain loop": lambda: run_child(plain)},
+        {
+            "trainer, DDP on 1 GPU": lambda: run_child(trainer, env=w.env),
+            "plain loop": lambda: run_child(plain, env=w.env),
+        },
     )
     ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
     trainer_ips = Spread.of(ips["trainer, DDP on 1 GPU"])

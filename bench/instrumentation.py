@@ -27,14 +27,16 @@ from typing import Any
 from bench import workload
 from bench.common import (
     RESULTS_DIR,
-    Spread,
+    THROUGHPUT_HEADERS,
     alternate,
+    compare,
     log,
     machine,
-    paired_ratios,
+    ratio_lines,
+    ratio_targets,
     run_child,
     table,
-    verdict,
+    throughput_rows,
     write_results,
 )
 from bench.trainer_vs_plain import trainer_probe
@@ -95,44 +97,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     def on() -> dict[str, Any]:
         port = free_port()
         with Scraper(port, args.scrape_seconds) as scraper:
-            result = run_child(probe(f"--metrics-port={port}"))
+            result = run_child(probe(f"--metrics-port={port}"), env=w.env)
         return {**result, "scrapes": scraper.scrapes}
 
     runs = alternate(
         args.repeats,
         {
             "server on": on,
-            "server off": lambda: run_child(probe("--metrics-port=0")),
-            "stubbed": lambda: run_child(probe("--metrics-port=0", stub=True)),
+            "server off": lambda: run_child(probe("--metrics-port=0"), env=w.env),
+            "stubbed": lambda: run_child(probe("--metrics-port=0", stub=True), env=w.env),
         },
     )
-    ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
-    on_off = paired_ratios(ips["server on"], ips["server off"])
-    on_stub = paired_ratios(ips["server on"], ips["stubbed"])
+    on_off = compare(runs, "server on", "server off")
+    on_stub = compare(runs, "server on", "stubbed")
     scrapes = sum(r["scrapes"] for r in runs["server on"])
-    rows = [[name, Spread.of(v).show(1)] for name, v in ips.items()]
     markdown = "\n".join([
         f"### Instrumentation overhead ({w.describe()})",
         "",
-        table(["variant", "img/s, median (range)"], rows),
+        table(THROUGHPUT_HEADERS, throughput_rows(runs)),
         "",
-        f"- server on / server off: **{on_off.show()}**; target >= {TARGET}: **{verdict(on_off.median, TARGET)}** "
-        f"({scrapes} scrapes every {args.scrape_seconds:g}s during the 'on' runs)",
-        f"- server on / stubbed (timing and metrics recording as no-ops, a bench-side stand-in for a switch): "
-        f"**{on_stub.show()}**; target >= {TARGET}: **{verdict(on_stub.median, TARGET)}**",
+        f"The 'server on' runs were scraped {scrapes} times in all, every {args.scrape_seconds:g}s. 'stubbed' "
+        "swaps the step timer and the metrics recording for no-ops in the probe: the stand-in for a trainer switch.",
+        "",
+        *ratio_lines("server on / server off", on_off, TARGET, args.repeats),
+        *ratio_lines("timing and metrics on / stubbed", on_stub, TARGET, args.repeats),
     ])  # fmt: skip
     data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "on_over_off": on_off,
             "on_over_stubbed": on_stub, "target": TARGET, "scrape_seconds": args.scrape_seconds}  # fmt: skip
     write_results(NAME, data, markdown, args.out)
     print(markdown)
-    return {
-        "name": NAME,
-        "markdown": markdown,
-        "targets": [
-            ("metrics server on / off", on_off.median, f">= {TARGET}", verdict(on_off.median, TARGET)),
-            ("timing+metrics on / stubbed", on_stub.median, f">= {TARGET}", verdict(on_stub.median, TARGET)),
-        ],
-    }
+    targets = ratio_targets("metrics server on / off", on_off, TARGET)
+    targets += ratio_targets("timing+metrics on / stubbed", on_stub, TARGET)
+    return {"name": NAME, "markdown": markdown, "targets": targets}
 
 
 if __name__ == "__main__":

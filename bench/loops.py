@@ -104,12 +104,7 @@ def window(args: argparse.Namespace, device: torch.device, syncs: SyncCounter | 
 def result(
     args: argparse.Namespace, w: Window, world_size: int, fwd_bwd_ms: list[float], syncs: SyncCounter | None
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "img_per_s": args.measure * args.batch_size * world_size / w.seconds,
-        "step_ms": 1000 * w.seconds / args.measure,
-        "world_size": world_size,
-        "fwd_bwd_ms": fwd_bwd_ms,
-    }
+    out: dict[str, Any] = {**w.figures(args.batch_size, world_size), "world_size": world_size, "fwd_bwd_ms": fwd_bwd_ms}
     if syncs is not None:
         out |= {"syncs_in_window": syncs.count, "sync_sites": syncs.where}
     return out

@@ -67,8 +67,7 @@ def main() -> None:
         return
     measured = [t for t in result.timings if t.step > args.warmup]
     out: dict[str, Any] = {
-        "img_per_s": args.measure * cfg.optim.batch_size * launch.world_size / window.seconds,
-        "step_ms": 1000 * window.seconds / args.measure,
+        **window.figures(cfg.optim.batch_size, launch.world_size),
         "world_size": launch.world_size,
         # the trainer's own per-phase timing of each measured step (CUDA events on GPU)
         "fwd_bwd_ms": [1000 * (t.phase_seconds["forward"] + t.phase_seconds["backward"]) for t in measured],

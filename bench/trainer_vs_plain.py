@@ -18,14 +18,16 @@ from typing import Any
 from bench import workload
 from bench.common import (
     RESULTS_DIR,
-    Spread,
+    THROUGHPUT_HEADERS,
     alternate,
+    compare,
     log,
     machine,
-    paired_ratios,
+    ratio_lines,
+    ratio_targets,
     run_child,
     table,
-    verdict,
+    throughput_rows,
     write_results,
 )
 
@@ -52,26 +54,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     log(f"{NAME}: {w.describe()}, {args.repeats} pairs")
     runs = alternate(
         args.repeats,
-        {"trainer": lambda: run_child(trainer_probe(w)), "plain loop": lambda: run_child(plain_loop(w))},
+        {
+            "trainer": lambda: run_child(trainer_probe(w), env=w.env),
+            "plain loop": lambda: run_child(plain_loop(w), env=w.env),
+        },
     )
-    ips = {name: [r["img_per_s"] for r in rs] for name, rs in runs.items()}
-    ratio = paired_ratios(ips["trainer"], ips["plain loop"])
-    rows = [[name, Spread.of(v).show(1), f"{Spread.of([r['step_ms'] for r in runs[name]]).median:.1f}"]
-            for name, v in ips.items()]  # fmt: skip
+    ratios = compare(runs, "trainer", "plain loop")
     markdown = "\n".join([
         f"### Trainer vs plain loop ({w.describe()})",
         "",
-        table(["program", "img/s, median (range)", "step ms, median"], rows),
+        table(THROUGHPUT_HEADERS, throughput_rows(runs)),
         "",
-        f"trainer / plain loop: **{ratio.show()}** over {args.repeats} pairs; "
-        f"target >= {TARGET}: **{verdict(ratio.median, TARGET)}**",
+        *ratio_lines("trainer / plain loop", ratios, TARGET, args.repeats),
     ])  # fmt: skip
-    data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "ratio": ratio,
-            "target": TARGET, "verdict": verdict(ratio.median, TARGET)}  # fmt: skip
+    data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "ratios": ratios,
+            "target": TARGET}  # fmt: skip
     write_results(NAME, data, markdown, args.out)
     print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": [("trainer / plain loop", ratio.median, f">= {TARGET}",
-                                                            verdict(ratio.median, TARGET))]}  # fmt: skip
+    return {"name": NAME, "markdown": markdown, "targets": ratio_targets("trainer / plain loop", ratios, TARGET)}
 
 
 if __name__ == "__main__":

@@ -28,10 +28,17 @@ class Workload:
     num_workers: int = 0
     warmup: int = 3
     measure: int = 12
+    threads: int = 1
+    """CPU threads per process (OMP_NUM_THREADS). One: on a shared machine a team of threads stalls
+    whenever another tenant preempts one of them, which makes the wall clock swing tenfold."""
 
     @property
     def steps(self) -> int:
         return self.warmup + self.measure
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.threads)}
 
     def trainer_args(self) -> list[str]:
         """The same workload as ``python -m ddp_trainer`` flags (synthetic data, no checkpoints)."""
@@ -71,7 +78,8 @@ class Workload:
         fmt = ", channels_last" if self.channels_last else ""
         return (
             f"{self.model}, {self.image_size} px, batch {self.batch_size} per rank, amp {self.amp}{fmt}, "
-            f"{self.num_workers} loader workers, {self.warmup} warm-up + {self.measure} measured steps"
+            f"{self.num_workers} loader workers, {self.threads} thread(s) per process, "
+            f"{self.warmup} warm-up + {self.measure} measured steps"
         )
 
 
@@ -86,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, preset: str = "cpu") -> No
     parser.add_argument("--num-workers", type=int, help=f"DataLoader workers; default {defaults.num_workers}")
     parser.add_argument("--warmup", type=int, help=f"steps before the window; default {defaults.warmup}")
     parser.add_argument("--measure", type=int, help=f"steps in the window; default {defaults.measure}")
+    parser.add_argument("--threads", type=int, help=f"OMP_NUM_THREADS per process; default {defaults.threads}")
     parser.add_argument("--repeats", type=int, default=5, help="pairs of runs (at least 5 for reported figures)")
 
 

@@ -66,6 +66,16 @@ def test_percentile_interpolates_and_spread_reports_median_and_range():
     assert common.paired_ratios([2.0, 3.0], [1.0, 3.0]).values == [2.0, 1.0]
 
 
+def test_both_clocks_are_compared_pair_by_pair():
+    runs = {
+        "a": [{"img_per_s": 10.0, "img_per_cpu_s": 5.0}, {"img_per_s": 20.0, "img_per_cpu_s": 6.0}],
+        "b": [{"img_per_s": 10.0, "img_per_cpu_s": 5.0}, {"img_per_s": 10.0, "img_per_cpu_s": 5.0}],
+    }
+    ratios = common.compare(runs, "a", "b")
+    assert ratios["img_per_s"].values == [1.0, 2.0]
+    assert ratios["img_per_cpu_s"].values == [1.0, 1.2]
+
+
 def test_alternation_flips_the_order_every_repetition():
     order: list[str] = []
     common.alternate(3, {n: (lambda n=n: order.append(n) or {"img_per_s": 1.0}) for n in "AB"})
@@ -113,7 +123,7 @@ def test_profile_summary_counts_each_function_once_per_stack_and_names_the_leaf_
 
 def test_weak_scaling_efficiency_compares_twice_the_ranks_with_twice_the_throughput():
     def runs(ips: list[float]) -> list[dict[str, object]]:
-        return [{"img_per_s": x, "fwd_bwd_ms": [10.0, 20.0]} for x in ips]
+        return [{"img_per_s": x, "img_per_cpu_s": x / 2, "fwd_bwd_ms": [10.0, 20.0]} for x in ips]
 
     ratios, efficiency, rows = ddp_cpu.summarize(
         {
@@ -124,9 +134,10 @@ def test_weak_scaling_efficiency_compares_twice_the_ranks_with_twice_the_through
         },
         [1, 2],
     )
-    assert ratios[1].values == [1.0, 2.0]
-    assert efficiency["trainer"].median == pytest.approx(0.9)
-    assert efficiency["textbook"].median == pytest.approx(1.0)
+    assert ratios[1]["img_per_s"].values == [1.0, 2.0]
+    assert efficiency["trainer"]["img_per_s"].median == pytest.approx(0.9)
+    assert efficiency["textbook"]["img_per_s"].median == pytest.approx(1.0)
+    assert efficiency["trainer"]["img_per_cpu_s"].median == pytest.approx(1.8)  # CPU per image, rank for rank
     assert rows[0][:3] == [1, "trainer", "15.0"]  # p50 of every measured step pooled
 
 
@@ -138,6 +149,7 @@ def test_presets_give_the_classic_sizes_and_flags_override_them():
     w = workload.from_arguments(parser.parse_args(["--preset", "classic", "--batch-size", "64"]))
     assert (w.model, w.image_size, w.batch_size) == ("resnet50", 224, 64)
     assert "--steps=25" in w.trainer_args()
+    assert w.env == {"OMP_NUM_THREADS": "1"}
 
 
 def test_a_profile_can_be_narrowed_to_the_stacks_through_one_function():
