@@ -226,3 +226,27 @@ def test_a_failing_init_container_fails_the_pod_without_starting_the_app(core: A
     pod = core.read_namespaced_pod("blocked", namespace)
     assert pod.status.init_container_statuses[0].state.terminated.exit_code == 7
     assert pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"
+
+
+def test_a_pod_with_a_service_account_gets_a_token_and_a_kubeconfig_that_work(core: Any, namespace: str) -> None:
+    code = (
+        "import os\n"
+        "from kubernetes import client, config\n"
+        "config.load_kube_config()\n"
+        "v1 = client.CoreV1Api()\n"
+        "try:\n"
+        "    v1.list_namespaced_pod(os.environ['NS'])\n"
+        "except client.ApiException as err:\n"
+        "    print('status', err.status, flush=True)\n"
+        "config.load_incluster_config()\n"
+        "try:\n"
+        "    client.CoreV1Api().list_namespaced_secret(os.environ['NS'])\n"
+        "except client.ApiException as err:\n"
+        "    print('status', err.status, flush=True)\n"
+    )
+    env = [{"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    core.create_namespaced_pod(namespace, python_pod("sa", code, container={"env": env}))
+    wait_for("sa to succeed", lambda: pod_phase(core, "sa", namespace) == "Succeeded", 90)
+    pod = core.read_namespaced_pod("sa", namespace)
+    # The apiserver authenticated the token as the pod's ServiceAccount, which has no role: 403, not 401.
+    assert _log(core, pod).split() == ["status", "403", "status", "403"]

@@ -412,6 +412,7 @@ class Agent:
         except volumes.VolumeNotReady as err:
             self.patch_status(pod, record, waiting=("ContainerCreating", str(err)))
             return
+        kubeconfig = self.write_kubeconfig(pod, record, paths)
         hostname = spec.get("hostname") or record.name
         net = self.network(record)
         net.create(hostname)
@@ -431,12 +432,40 @@ class Agent:
                 mounts.append(Mount(str(source), m["mountPath"], bool(m.get("readOnly"))))
             cdir = record.dir / dirname
             cdir.mkdir(exist_ok=True)
-            write_atomic(cdir / "env.json", json.dumps(self.container_env(proc.env, record)))
+            env = self.container_env(proc.env, record)
+            if kubeconfig is not None:
+                env.setdefault("KUBECONFIG", str(kubeconfig))
+            write_atomic(cdir / "env.json", json.dumps(env))
             write_atomic(
                 cdir / "argv.json", json.dumps(launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv))
             )
         record.started_at = time.time()
         record.save()
+
+    def write_kubeconfig(self, pod: Mapping[str, Any], record: PodRecord, paths: Mapping[str, Path]) -> Path | None:
+        """A kubeconfig for the pod's ServiceAccount token, for programs that read KUBECONFIG over in-cluster."""
+        for volume in pod["spec"].get("volumes") or []:
+            sources = (volume.get("projected") or {}).get("sources") or []
+            token = next((s["serviceAccountToken"]["path"] for s in sources if "serviceAccountToken" in s), None)
+            if token is None:
+                continue
+            server = f"https://{self.s.bridge.gateway}:{self.s.apiserver_port}"
+            config = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "pod",
+                "clusters": [
+                    {"name": "box", "cluster": {"server": server, "certificate-authority": str(self.s.ca_file)}}
+                ],
+                "users": [{"name": "sa", "user": {"tokenFile": str(paths[volume["name"]] / token)}}],
+                "contexts": [
+                    {"name": "pod", "context": {"cluster": "box", "user": "sa", "namespace": record.namespace}}
+                ],
+            }
+            path = record.dir / "kubeconfig"
+            write_atomic(path, json.dumps(config))
+            return path
+        return None
 
     def container_env(self, env: dict[str, str], record: PodRecord) -> dict[str, str]:
         base = {
