@@ -164,19 +164,61 @@ def _wait_gone(data_dir: Path, timeout: float) -> list[int]:
     return left
 
 
+def _run_a_pod(data_dir: Path) -> int:
+    """Start a sleeping pod in the box at ``data_dir``; return its process id once it runs."""
+    from kubernetes import client, config
+
+    with config.new_client_from_config(config_file=str(data_dir / "kubeconfig")) as api:
+        client.CoreV1Api(api).create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": "sleeper"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "ghcr.io/ddpjob/trainer:dev",
+                            "command": ["python", "-c", "import time; time.sleep(600)"],
+                        }
+                    ]
+                },
+            },
+        )
+    deadline = time.monotonic() + 90
+    while not (pid_files := list(data_dir.glob("node/pods/*/c-main/pid"))):
+        assert time.monotonic() < deadline, "the pod did not start"
+        time.sleep(0.2)
+    return int(pid_files[0].read_text().split()[0])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 @pytest.mark.cluster
-def test_ctrl_c_on_cluster_up_leaves_no_process_behind(box_data_dir: Path) -> None:
+def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
     assert len(_processes_mentioning(str(box_data_dir))) >= 5
+    pod_pid = _run_a_pod(box_data_dir)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     assert _wait_gone(box_data_dir, 10) == []
+    assert _gone(pod_pid), "the pod's process went with the box"
 
 
 @pytest.mark.cluster
 def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
+    pod_pid = _run_a_pod(box_data_dir)
     proc.kill()
     proc.wait()
     assert _wait_gone(box_data_dir, 10) == [], "PR_SET_PDEATHSIG stops the children of a killed box"
+    deadline = time.monotonic() + 10
+    while not _gone(pod_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(pod_pid), "a pod's shim kills its process once the box that owns it is gone"
     assert teardown_recorded(box_data_dir / "node"), "the node recorded what to clean up after a kill"
