@@ -70,6 +70,11 @@ DEFAULT_METRICS_PORT = 9090
 DEFAULT_BACKOFF_LIMIT = 3
 DEFAULT_WAIT_FOR_MASTER_SECONDS = 300
 DEFAULT_CHECKPOINT_MOUNT = "/checkpoints"
+DEFAULT_STRAGGLER_FACTOR = 2.0
+DEFAULT_STRAGGLER_WINDOW_SECONDS = 60
+MAX_STRAGGLER_FACTOR = 1000.0
+# Spec fields that pods are not built from: editable at any time, left out of the spec hash.
+UNBUILT_FIELDS = frozenset({"runPolicy", "progressDeadlineSeconds", "straggler"})
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -119,6 +124,14 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StragglerPolicy:
+    factor: float = DEFAULT_STRAGGLER_FACTOR
+    """A rank is a straggler when its work time per step exceeds the others' median by this factor."""
+    window_seconds: int = DEFAULT_STRAGGLER_WINDOW_SECONDS
+    """... and stays so for this long."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     replicas: int
     nproc_per_node: int
@@ -129,6 +142,9 @@ class JobSpec:
     template: Mapping[str, Any] = field(default_factory=dict)
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     checkpoint: Checkpoint | None = None
+    progress_deadline_seconds: int | None = None
+    """Restart the gang (NoProgress) when no rank advances its step for this long; None: never."""
+    straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
     spec_hash: str = ""
     """Hash of the fields pods are built from (replicas, template, ports, checkpoint...)."""
 
@@ -248,9 +264,19 @@ def _checkpoint(value: Any) -> Checkpoint | None:
     )
 
 
+def _straggler(value: Any) -> StragglerPolicy:
+    st = _mapping(value, "spec.straggler")
+    factor = st.get("factor", DEFAULT_STRAGGLER_FACTOR)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 < factor <= MAX_STRAGGLER_FACTOR:
+        raise SpecError(f"spec.straggler.factor: must be a number above 1 and at most {MAX_STRAGGLER_FACTOR:g}")
+    window = _int(st, "windowSeconds", DEFAULT_STRAGGLER_WINDOW_SECONDS, 1, 86400, "spec.straggler")
+    assert window is not None
+    return StragglerPolicy(factor=float(factor), window_seconds=window)
+
+
 def spec_hash(spec: Mapping[str, Any]) -> str:
-    """Stable hash of every spec field a pod is built from; runPolicy is left out (it may change)."""
-    built_from = {k: v for k, v in spec.items() if k != "runPolicy"}
+    """Stable hash of every spec field a pod is built from; the editable policies are left out."""
+    built_from = {k: v for k, v in spec.items() if k not in UNBUILT_FIELDS}
     return hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -283,6 +309,8 @@ def parse_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         template=template,
         run_policy=_run_policy(spec.get("runPolicy")),
         checkpoint=_checkpoint(spec.get("checkpoint")),
+        progress_deadline_seconds=_int(spec, "progressDeadlineSeconds", None, 1, 2**31 - 1, "spec"),
+        straggler=_straggler(spec.get("straggler")),
         spec_hash=spec_hash(spec),
     )
 

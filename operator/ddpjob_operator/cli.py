@@ -27,6 +27,14 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
         "--liveness", default="http://0.0.0.0:8081/healthz", metavar="URL",
         help="Kopf's liveness endpoint; empty: off",
     )  # fmt: skip
+    parser.add_argument(
+        "--progress-interval", type=float, default=15.0, metavar="S",
+        help="poll each running job's ranks at least this often (faster when its windows are short)",
+    )  # fmt: skip
+    parser.add_argument("--progress-timeout", type=float, default=2.0, metavar="S", help="per-rank scrape timeout")
+    parser.add_argument(
+        "--progress-concurrency", type=int, default=32, metavar="N", help="scrapes in flight at once, all jobs together"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every reconcile")
 
 
@@ -44,7 +52,12 @@ def _run_operator(args: argparse.Namespace) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(metrics_port=args.metrics_port),
+        memo=kopf.Memo(
+            metrics_port=args.metrics_port,
+            progress_interval=args.progress_interval,
+            progress_timeout=args.progress_timeout,
+            progress_concurrency=args.progress_concurrency,
+        ),
     )
     return 0
 

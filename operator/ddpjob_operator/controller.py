@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ddpjob_operator import builders, faults, metrics
 from ddpjob_operator.api import Job, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, Kube, KubeError
+from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.reconcile import Plan, plan, plan_invalid
 from ddpjob_operator.status import JobStatus, Phase, parse_status, pod_view
 
@@ -27,22 +28,35 @@ REASON_POD_CREATE_FAILED = "PodCreateFailed"
 REASON_INVALID_POD = "InvalidPodTemplate"
 
 
+class Progress(Protocol):
+    """What a reconcile needs from the poller: the scrapes taken so far, and where to poll next."""
+
+    def scrapes(self, key: tuple[str, str]) -> Sequence[Scrape]: ...
+
+    def track(self, key: tuple[str, str], attempt: int, targets: tuple[Target, ...], interval: float) -> None: ...
+
+
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if k in OWNED_STATUS and v is not None}
 
 
-def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None) -> float | None:
+def reconcile(
+    kube: Kube, namespace: str, name: str, now: datetime | None = None, progress: Progress | None = None
+) -> float | None:
     """Reconcile once; returns seconds until the job needs another look (None: only on events)."""
     started = time.perf_counter()
     try:
-        return _reconcile(kube, namespace, name, now or datetime.now(UTC))
+        return _reconcile(kube, namespace, name, now or datetime.now(UTC), progress)
     finally:
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def _reconcile(kube: Kube, namespace: str, name: str, now: datetime) -> float | None:
+def _reconcile(kube: Kube, namespace: str, name: str, now: datetime, progress: Progress | None) -> float | None:
+    key = (namespace, name)
     body = kube.get_job(namespace, name)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+        if progress is not None:
+            progress.track(key, 0, (), 0.0)
         return None  # gone or going: owner references let the garbage collector take the children
     old = parse_status(body.get("status"))
     try:
@@ -53,7 +67,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime) -> float | 
     else:
         assert job is not None
         pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
-        the_plan = plan(job, old, pods, now)
+        the_plan = plan(job, old, pods, now, progress.scrapes(key) if progress is not None else ())
     try:
         if not _write_status(kube, body, old, the_plan.status):
             return 0.0  # someone wrote in between: look again at once
@@ -62,6 +76,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime) -> float | 
             return None  # deleted since we read it
         raise
     _post_events(kube, body, the_plan.status.attempt, the_plan.events, now)
+    if progress is not None:
+        progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
     if job is None:
         return None
     for pod in the_plan.delete_pods:

@@ -21,6 +21,13 @@ class Event:
     reason: str
     message: str
     warning: bool = False
+    key: str = ""
+    """Tells apart events of one reason that may happen more than once in an attempt (a straggler)."""
+
+
+def _name(name: str, uid: str, attempt: int, event: Event) -> str:
+    suffix = f".{event.key.lower()}" if event.key else ""
+    return f"{name}.{uid[:8]}.{attempt}.{event.reason.lower()}{suffix}"[:253]
 
 
 def event_body(*, namespace: str, name: str, uid: str, attempt: int, event: Event, now: datetime) -> dict[str, Any]:
@@ -28,7 +35,7 @@ def event_body(*, namespace: str, name: str, uid: str, attempt: int, event: Even
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.{uid[:8]}.{attempt}.{event.reason.lower()}"[:253], "namespace": namespace},
+        "metadata": {"name": _name(name, uid, attempt, event), "namespace": namespace},
         "involvedObject": {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,

@@ -17,6 +17,7 @@ import kopf
 from ddpjob_operator import api, metrics
 from ddpjob_operator.controller import reconcile
 from ddpjob_operator.kube import Kube
+from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import Key, WorkQueue
 
 
@@ -27,13 +28,20 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
 
     async def run(key: Key) -> float | None:
         try:
-            return await asyncio.to_thread(reconcile, kube, *key)
+            return await asyncio.to_thread(reconcile, kube, *key, progress=poller)
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise  # the work queue logs it and retries with backoff
 
     memo.kube = kube
     memo.queue = WorkQueue(run)
+    # Each poll wakes the job's worker, which folds the scrapes into the status.
+    poller = memo.poller = Poller(
+        memo.queue.enqueue,
+        max_interval=float(memo.get("progress_interval") or 15.0),
+        timeout=float(memo.get("progress_timeout") or 2.0),
+        concurrency=int(memo.get("progress_concurrency") or 32),
+    )
     if memo.get("metrics_port"):
         metrics.serve(int(memo["metrics_port"]))
 
@@ -52,6 +60,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.queue.stop()
+    await memo.poller.stop()
     memo.kube.close()
 
 

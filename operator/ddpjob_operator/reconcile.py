@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ddpjob_operator.api import Job
+from ddpjob_operator import progress
+from ddpjob_operator.api import Job, RestartPolicy
 from ddpjob_operator.events import Event
-from ddpjob_operator.policies import cleanup, deadline, restart, suspend, ttl
+from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
+from ddpjob_operator.progress import Scrape, Summary, Target
 from ddpjob_operator.status import (
     REASON_ALL_RUNNING,
     REASON_ALL_SUCCEEDED,
@@ -22,12 +24,16 @@ from ddpjob_operator.status import (
     REASON_CREATED,
     REASON_DEADLINE,
     REASON_INVALID,
+    REASON_NO_PROGRESS,
     REASON_NON_RETRYABLE,
     REASON_PODS_PENDING,
     REASON_RECOVERED,
+    REASON_RENDEZVOUS,
     REASON_RESUMED,
     REASON_RETRYABLE,
     REASON_SPEC_CHANGED,
+    REASON_STRAGGLER,
+    REASON_STRAGGLER_RECOVERED,
     REASON_SUSPENDED,
     REASON_TTL,
     JobStatus,
@@ -41,6 +47,8 @@ from ddpjob_operator.status import (
 RESYNC_SECONDS = 300.0
 """Reconcile a live job at least this often, even when no event arrives."""
 REASON_LAUNCHED = "AttemptLaunched"
+RENDEZVOUS_POLL_SECONDS = 2.0
+"""Poll this often while ranks are joining: the wait for Running is short and worth seeing soon."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +61,9 @@ class Plan:
     delete_job: bool = False
     events: tuple[Event, ...] = field(default_factory=tuple)
     requeue_after: float | None = None
+    poll: tuple[Target, ...] = ()
+    """The ranks' metrics endpoints to poll for progress (none: stop polling this job)."""
+    poll_interval: float = progress.WINDOW_SECONDS / 4
 
 
 def _deletable(pods: Sequence[PodView]) -> tuple[PodView, ...]:
@@ -71,6 +82,9 @@ def _finish(status: JobStatus, *, succeeded: bool, reason: str, message: str, no
     restarting = status.condition("Restarting")
     if restarting and restarting.status:
         status = status.with_condition("Restarting", False, reason, message, now)
+    flagged = status.condition("StragglerDetected")
+    if flagged and flagged.status:
+        status = status.with_condition("StragglerDetected", False, REASON_STRAGGLER_RECOVERED, "the job finished", now)
     return status
 
 
@@ -94,7 +108,8 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     )
 
 
-def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime) -> Plan:
+def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrapes: Sequence[Scrape] = ()) -> Plan:
+    """``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are ignored."""
     spec = job.spec
     rp = spec.run_policy
     events: list[Event] = []
@@ -178,6 +193,32 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime) -> Pl
         events.append(Event(reason, message, warning=True))
         return _finished_plan(job, status, obs, now, events)
 
+    summary: Summary | None = None
+    if status.phase not in (Phase.RESTARTING, Phase.SUSPENDED):
+        status, summary = _fold_progress(job, status, scrapes, events)
+    if decision is None and summary is not None and status.phase is Phase.RUNNING:
+        stuck = _no_progress(job, status, summary)
+        if stuck and rp.restart_policy is not RestartPolicy.NEVER and status.restarts < rp.backoff_limit:
+            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
+            message = (
+                f"{stuck}; restarting the gang as attempt {status.attempt} "
+                f"(restart {status.restarts} of {rp.backoff_limit})"
+            )
+            status = status.with_condition("Restarting", True, REASON_NO_PROGRESS, message, now)
+            status = status.with_condition("Running", False, REASON_NO_PROGRESS, message, now)
+            events.append(Event(REASON_NO_PROGRESS, message, warning=True))
+            obs = look()
+        elif stuck:
+            never = rp.restart_policy is RestartPolicy.NEVER
+            reason = REASON_NO_PROGRESS if never else REASON_BACKOFF
+            message = f"{stuck}; " + (
+                "not retried under restartPolicy Never" if never
+                else f"no restarts left (spec.runPolicy.backoffLimit={rp.backoff_limit})"
+            )  # fmt: skip
+            status = _finish(status, succeeded=False, reason=reason, message=message, now=now)
+            events.append(Event(reason, message, warning=True))
+            return _finished_plan(job, status, obs, now, events)
+
     creates: tuple[int, ...] = ()
     launched = status.launched_attempt >= status.attempt
     if not launched:
@@ -198,7 +239,12 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime) -> Pl
         status = _finish(status, succeeded=True, reason=REASON_ALL_SUCCEEDED, message=message, now=now)
         events.append(Event(REASON_ALL_SUCCEEDED, message))
         return _finished_plan(job, status, obs, now, events)
-    if launched and obs.all_started(spec.replicas):
+    joined = _joined(job, status, obs, scrapes)
+    if launched and obs.all_started(spec.replicas) and status.phase is not Phase.RUNNING and joined < spec.world_size:
+        status = replace(status, phase=Phase.RENDEZVOUS)
+        message = f"{joined} of {spec.world_size} ranks joined the process group"
+        status = status.with_condition("Running", False, REASON_RENDEZVOUS, message, now)
+    elif launched and obs.all_started(spec.replicas):
         if status.phase is not Phase.RUNNING:
             status = replace(status, phase=Phase.RUNNING)
             message = f"all {spec.replicas} ranks are running (attempt {status.attempt})"
@@ -220,7 +266,110 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime) -> Pl
         delete_pods=_deletable(obs.stale),
         events=tuple(events),
         requeue_after=_min(left, RESYNC_SECONDS),
+        poll=_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
+        poll_interval=_poll_interval(job, status.phase),
     )
+
+
+def _targets(job: Job, obs: Observation) -> tuple[Target, ...]:
+    """Every process of every running pod of this attempt: pod i, process j is rank i * nproc + j."""
+    spec = job.spec
+    found: list[Target] = []
+    for rank, pod in sorted(obs.current.items()):
+        if not (pod.running and pod.ip):
+            continue
+        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+        for local in range(spec.nproc_per_node):
+            url = f"http://{host}:{spec.metrics_port + local}/metrics"
+            found.append(Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url))
+    return tuple(found)
+
+
+def _poll_interval(job: Job, phase: Phase) -> float:
+    """Often enough to see a window four times over, never more than once a second."""
+    if phase is not Phase.RUNNING:
+        return RENDEZVOUS_POLL_SECONDS
+    spec = job.spec
+    windows = [progress.WINDOW_SECONDS, float(spec.straggler.window_seconds)]
+    if spec.progress_deadline_seconds is not None:
+        windows.append(float(spec.progress_deadline_seconds))
+    return max(1.0, min(windows) / 4)
+
+
+def _joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scrape]) -> int:
+    """Ranks that joined the process group: as the polls saw them, plus the ranks that already exited 0."""
+    nproc = job.spec.nproc_per_node
+    seen = progress.joined_ranks(s for s in scrapes if s.attempt == status.attempt)
+    done = {rank * nproc + i for rank, p in obs.current.items() if p.succeeded for i in range(nproc)}
+    remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
+    return min(job.spec.world_size, max(remembered, len(seen | done)))
+
+
+def _fold_progress(
+    job: Job, status: JobStatus, scrapes: Sequence[Scrape], events: list[Event]
+) -> tuple[JobStatus, Summary | None]:
+    """Fold the new polls of this attempt into status.progress and the StragglerDetected condition."""
+    spec = job.spec
+    old = progress.fresh(status.progress, status.attempt, spec.world_size)
+    summary = progress.summarize([s for s in scrapes if s.attempt == status.attempt])
+    if summary is None or (old.observed_time is not None and summary.at < old.observed_time):
+        return replace(status, progress=old), None
+    advanced = summary.step is not None and summary.step > (old.step or 0)
+    ranks = {r.rank for r in summary.ranks}
+    known = len(ranks) > 1 and ranks <= set(summary.recent_work)
+    candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
+    state = straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at)
+    new = replace(
+        old,
+        joined=min(spec.world_size, max(old.joined, len(summary.joined))),
+        step=summary.step if summary.step is not None else old.step,
+        samples_per_second=summary.samples_per_second,
+        step_time_p50=summary.step_time_p50,
+        window_seconds=summary.window_seconds,
+        slowest_rank=summary.slowest_rank,
+        last_progress_time=summary.at if advanced else old.last_progress_time,
+        observed_time=summary.at,
+        ranks=summary.ranks,
+        straggler=state,
+    )
+    status = replace(status, progress=new)
+    flagged = straggler.flagged(state, spec.straggler.window_seconds, summary.at)
+    current = status.condition("StragglerDetected")
+    if flagged and candidate and state and not (current and current.status):
+        rank = next(r for r in summary.ranks if r.rank == state.rank)
+        message = (
+            f"rank {rank.rank} (pod {rank.pod} on node {rank.node or 'unknown'}) works {candidate[1]:.3g}s per step, "
+            f"{candidate[1] / candidate[2] if candidate[2] else float('inf'):.1f}x the median of the others "
+            f"({candidate[2]:.3g}s), for {spec.straggler.window_seconds}s "
+            f"(spec.straggler factor {spec.straggler.factor:g}, window {spec.straggler.window_seconds}s)"
+        )
+        status = status.with_condition("StragglerDetected", True, REASON_STRAGGLER, message, summary.at)
+        events.append(
+            Event(REASON_STRAGGLER, message, warning=True, key=f"{state.rank}.{int(state.since.timestamp())}")
+        )
+    elif not flagged and current and current.status and known:
+        message = f"every rank works within {spec.straggler.factor:g}x the median of the others"
+        if current.message.startswith("rank "):
+            message = current.message.split(")")[0] + f") recovered: {message}"
+        status = status.with_condition("StragglerDetected", False, REASON_STRAGGLER_RECOVERED, message, summary.at)
+        since = int(current.last_transition_time.timestamp()) if current.last_transition_time else 0
+        events.append(Event(REASON_STRAGGLER_RECOVERED, message, key=str(since)))
+    return status, summary
+
+
+def _no_progress(job: Job, status: JobStatus, summary: Summary) -> str:
+    """Why the progress deadline has passed (naming the ranks that did not answer), or "" if it has not."""
+    prog = status.progress
+    running = status.condition("Running")
+    running_since = running.last_transition_time if running and running.status else None
+    last = prog.last_progress_time if prog else None
+    limit = job.spec.progress_deadline_seconds
+    if not progress_deadline.exceeded(limit, running_since=running_since, last_progress=last, observed=summary.at):
+        return ""
+    step = prog.step if prog and prog.step is not None else 0
+    why = f"no rank advanced its step for {limit}s (spec.progressDeadlineSeconds={limit}); stuck at step {step}"
+    silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'})" for r in summary.ranks if r.error]
+    return why + (f"; not answering: {', '.join(silent)}" if silent else "")
 
 
 def plan_invalid(old: JobStatus, error: str, generation: int, now: datetime) -> Plan:

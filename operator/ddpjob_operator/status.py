@@ -14,11 +14,13 @@ from enum import StrEnum
 from typing import Any
 
 from ddpjob_operator import api
+from ddpjob_operator.progress import ProgressStatus
 
 
 class Phase(StrEnum):
     NEW = ""
     PENDING = "Pending"
+    RENDEZVOUS = "Rendezvous"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
@@ -30,7 +32,7 @@ class Phase(StrEnum):
         return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "StragglerDetected")
 
 # Reasons on conditions and events.
 REASON_CREATED = "Created"
@@ -47,6 +49,10 @@ REASON_RESUMED = "Resumed"
 REASON_SPEC_CHANGED = "SpecChanged"
 REASON_RECOVERED = "Recovered"
 REASON_TTL = "TTLExpired"
+REASON_RENDEZVOUS = "Rendezvous"
+REASON_NO_PROGRESS = "NoProgress"
+REASON_STRAGGLER = "StragglerDetected"
+REASON_STRAGGLER_RECOVERED = "StragglerRecovered"
 
 
 def to_time(value: Any) -> datetime | None:
@@ -83,6 +89,8 @@ class PodView:
     finished_at: str = ""
     reason: str = ""
     """Why the pod failed when the trainer did not exit by itself (Evicted, an init container...)."""
+    ip: str = ""
+    node: str = ""
 
     @property
     def terminated(self) -> bool:
@@ -137,6 +145,8 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         exit_code=exit_code,
         finished_at=finished_at,
         reason=reason,
+        ip=str(status.get("podIP") or ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 
 
@@ -272,6 +282,7 @@ class JobStatus:
     replicas: int = 0
     observed_generation: int = 0
     conditions: tuple[Condition, ...] = field(default_factory=tuple)
+    progress: ProgressStatus | None = None
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -301,6 +312,7 @@ class JobStatus:
             "ready": f"{self.running}/{self.replicas}",
             "observedGeneration": self.observed_generation,
             "conditions": [c.to_dict() for c in self.conditions],
+            "progress": self.progress.to_dict() if self.progress else None,
         }
 
 
@@ -344,6 +356,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         replicas=_nonneg(int(ready[2]) if ready[2].isdigit() else 0),
         observed_generation=_nonneg(status.get("observedGeneration")),
         conditions=tuple(conditions),
+        progress=ProgressStatus.parse(status.get("progress")),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ddpjob_operator.api import Job
+from ddpjob_operator.progress import RankSample, Scrape
 from ddpjob_operator.reconcile import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.status import JobStatus, Phase, PodView
 
@@ -18,20 +19,27 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class FakeCluster:
-    """Executes plans the way the controller does, against a dict of pods."""
+    """Executes plans the way the controller does, against a dict of pods; polls like the poller."""
 
     def __init__(self, j: Job) -> None:
         self.job = j
         self.status = JobStatus()
         self.pods: dict[str, PodView] = {}
         self.events: list[str] = []
+        self.event_messages: list[str] = []
         self.now = T0
         self.deleted_job = False
+        self.metrics: dict[int, RankSample] = {}
+        """What each rank's /metrics says; a rank missing here does not answer."""
+        self.scrapes: list[Scrape] = []
+        self.last: Plan | None = None
 
     def step(self, **changes: Any) -> Plan:
         if changes:
             self.job = replace(self.job, spec=replace(self.job.spec, **changes))
-        p = plan(self.job, self.status, list(self.pods.values()), self.now)
+        p = plan(self.job, self.status, list(self.pods.values()), self.now, self.scrapes)
+        self.last = p
+        self.event_messages += [e.message for e in p.events]
         self.status = p.status
         self.events += [e.reason for e in p.events]
         for gone in p.delete_pods:
@@ -40,7 +48,7 @@ class FakeCluster:
         for rank in p.create_ranks:
             name = f"{self.job.name}-{rank}"
             assert name not in self.pods, "never create over an existing pod"
-            self.pods[name] = pod(self.job, rank, p.status.attempt)
+            self.pods[name] = pod(self.job, rank, p.status.attempt, ip=f"10.0.0.{rank}", node="node-a")
         self.deleted_job = self.deleted_job or p.delete_job
         return p
 
@@ -61,6 +69,21 @@ class FakeCluster:
         for rank in range(self.job.spec.replicas):
             self.set(rank, **facts)
 
+    def poll(self) -> Plan:
+        """Scrape the targets the last plan named, as the poller does, then reconcile."""
+        assert self.last is not None
+        targets = self.last.poll
+        answered = {t.rank: self.metrics[t.rank] for t in targets if t.rank in self.metrics}
+        errors = {t.rank: "no answer within 2s" for t in targets if t.rank not in self.metrics}
+        self.scrapes.append(Scrape(at=self.now, attempt=self.status.attempt, targets=targets, ranks=answered,
+                                   errors=errors))  # fmt: skip
+        return self.step()
+
+    def join(self, *ranks: int) -> None:
+        """These ranks report their process group ready."""
+        for rank in ranks:
+            self.metrics[rank] = RankSample(ready=True)
+
     def attempts(self) -> set[int | None]:
         return {p.attempt for p in self.pods.values()}
 
@@ -75,8 +98,20 @@ def running(replicas: int = 2, **spec: Any) -> FakeCluster:
     c.settle()
     c.set_all(phase="Running")
     c.settle()
+    c.join(*range(replicas))
+    c.poll()
+    c.settle()
     assert c.status.phase is Phase.RUNNING
     return c
+
+
+def restarted_and_running(c: FakeCluster) -> None:
+    """Bring the next attempt's pods up and let every rank join."""
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.poll()
+    c.settle()
 
 
 def test_a_new_job_is_pending_and_gets_a_service_and_one_pod_per_rank() -> None:
@@ -91,7 +126,7 @@ def test_a_new_job_is_pending_and_gets_a_service_and_one_pod_per_rank() -> None:
     assert c.events == ["Created", "AttemptLaunched"]
 
 
-def test_the_job_runs_once_every_rank_runs() -> None:
+def test_the_job_runs_once_every_rank_has_joined_the_process_group_not_merely_once_its_pods_run() -> None:
     c = FakeCluster(job(replicas=2))
     c.settle()
     c.set(0, phase="Running")
@@ -99,9 +134,42 @@ def test_the_job_runs_once_every_rank_runs() -> None:
     assert c.status.phase is Phase.PENDING
     c.set(1, phase="Running")
     c.settle()
+    assert c.status.phase is Phase.RENDEZVOUS, "pods run, but no rank has said it joined"
+    assert c.condition("Running") == (False, "Rendezvous", "0 of 2 ranks joined the process group")
+    c.join(0)
+    c.poll()
+    assert c.status.phase is Phase.RENDEZVOUS
+    assert c.condition("Running")[2] == "1 of 2 ranks joined the process group"
+    c.join(1)
+    c.poll()
     assert c.status.phase is Phase.RUNNING
     assert c.condition("Running")[:2] == (True, "AllRanksRunning")
     assert (c.status.running, c.status.active, c.status.replicas) == (2, 2, 2)
+    assert "AllRanksRunning" in c.events
+
+
+def test_the_poll_targets_are_every_process_of_every_running_pod_of_the_attempt() -> None:
+    c = FakeCluster(job(replicas=2, nprocPerNode=2, metricsPort=9400))
+    c.settle()
+    c.set(1, phase="Running")
+    p = c.settle()
+    assert [(t.rank, t.pod, t.url) for t in p.poll] == [
+        (2, "train-1", "http://10.0.0.1:9400/metrics"),
+        (3, "train-1", "http://10.0.0.1:9401/metrics"),
+    ]
+    c.set(0, phase="Running")
+    assert [t.rank for t in c.settle().poll] == [0, 1, 2, 3]
+
+
+def test_a_rank_that_already_exited_zero_counts_as_joined() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set(0, phase="Running")
+    c.set(1, phase="Succeeded", exit_code=0)
+    c.settle()
+    c.join(0)
+    c.poll()
+    assert c.status.phase is Phase.RUNNING
 
 
 def test_a_running_job_stays_running_while_a_pod_is_unknown() -> None:
@@ -140,8 +208,7 @@ def test_a_retryable_failure_restarts_the_whole_gang_as_the_next_attempt() -> No
     assert p.create_ranks == (0, 1, 2) and c.attempts() == {1}
     c.settle()
     assert c.status.phase is Phase.PENDING
-    c.set_all(phase="Running")
-    c.settle()
+    restarted_and_running(c)
     assert c.status.phase is Phase.RUNNING
     assert c.condition("Restarting")[:2] == (False, "Recovered")
 
@@ -178,9 +245,7 @@ def test_deleting_or_evicting_a_pod_is_a_retryable_failure(change: dict[str, Any
 def test_after_backoff_limit_restarts_the_job_fails_and_nothing_keeps_running() -> None:
     c = running(2, runPolicy={"backoffLimit": 1})
     c.set(1, phase="Failed", exit_code=200)
-    c.settle()
-    c.set_all(phase="Running")
-    c.settle()
+    restarted_and_running(c)
     c.set(0, phase="Failed", exit_code=200)
     c.settle()
     assert c.status.phase is Phase.FAILED and c.status.restarts == 1
@@ -312,3 +377,139 @@ def test_observed_generation_follows_the_job() -> None:
     c = FakeCluster(replace(job(), generation=7))
     c.step()
     assert c.status.observed_generation == 7
+
+
+def train(c: FakeCluster, seconds: float, steps: int, work: dict[int, float] | None = None) -> Plan:
+    """Let ``seconds`` pass in which every answering rank does ``steps`` steps, then poll."""
+    c.now += timedelta(seconds=seconds)
+    for rank, old in list(c.metrics.items()):
+        w = (work or {}).get(rank, 0.01)
+        phases = dict(old.phase_sums)
+        phases["forward"] = phases.get("forward", 0.0) + steps * w
+        c.metrics[rank] = replace(
+            old,
+            step=(old.step or 0) + steps,
+            steps=old.steps + steps,
+            samples=old.samples + 16 * steps,
+            step_sum=old.step_sum + steps * 0.35,
+            step_count=old.step_count + steps,
+            step_buckets=((0.5, old.step_count + steps), (float("inf"), old.step_count + steps)),
+            phase_sums=phases,
+        )
+    return c.poll()
+
+
+def test_polls_fill_the_progress_in_status() -> None:
+    c = running(2)
+    train(c, 5, 10)
+    train(c, 5, 10)
+    progress = c.status.progress
+    assert progress is not None
+    assert (progress.step, progress.samples_per_second, progress.joined) == (20, 64.0, 2)
+    assert progress.step_time_p50 == 0.25 and progress.to_dict()["stepTime"] == "250ms"
+    assert progress.last_progress_time == c.now
+    assert [(r.rank, r.pod, r.node) for r in progress.ranks] == [(0, "train-0", "node-a"), (1, "train-1", "node-a")]
+
+
+def test_a_rank_slower_than_factor_times_the_others_for_the_window_is_flagged_and_cleared_when_it_recovers() -> None:
+    c = running(2, straggler={"factor": 3, "windowSeconds": 20})
+    train(c, 5, 10)
+    slow = {1: 0.3}
+    train(c, 5, 10, slow)
+    assert c.status.condition("StragglerDetected") is None, "not for a moment: for the window"
+    train(c, 10, 10, slow)
+    assert c.status.condition("StragglerDetected") is None
+    train(c, 10, 10, slow)
+    status, reason, message = c.condition("StragglerDetected")
+    assert (status, reason) == (True, "StragglerDetected")
+    assert message.startswith("rank 1 (pod train-1 on node node-a) works 0.3s per step, 30.0x the median")
+    assert c.events.count("StragglerDetected") == 1
+    assert "train-1 on node node-a" in c.event_messages[-1]
+    assert c.status.progress is not None and c.status.progress.slowest_rank == 1
+    train(c, 5, 10, slow)
+    assert c.events.count("StragglerDetected") == 1, "one event per episode"
+    train(c, 5, 10)
+    status, reason, message = c.condition("StragglerDetected")
+    assert (status, reason) == (False, "StragglerRecovered") and message.startswith("rank 1 (pod train-1")
+    assert c.events[-1] == "StragglerRecovered"
+
+
+def test_a_poll_where_the_slow_rank_does_not_answer_neither_flags_nor_clears_it() -> None:
+    c = running(2, straggler={"factor": 3, "windowSeconds": 10})
+    train(c, 5, 10)
+    train(c, 5, 10, {1: 0.3})
+    train(c, 10, 10, {1: 0.3})
+    assert c.condition("StragglerDetected")[0] is True
+    stopped = c.metrics.pop(1)
+    train(c, 5, 0)
+    assert c.condition("StragglerDetected")[0] is True
+    c.metrics[1] = stopped
+
+
+def test_no_progress_for_the_deadline_restarts_the_gang_with_reason_no_progress() -> None:
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    del c.metrics[1]  # SIGSTOPped: it answers no more, and rank 0 waits for it
+    train(c, 20, 0)
+    assert c.status.phase is Phase.RUNNING
+    p = train(c, 10, 0)
+    assert c.status.phase is Phase.RESTARTING and (c.status.attempt, c.status.restarts) == (1, 1)
+    status, reason, message = c.condition("Restarting")
+    assert (status, reason) == (True, "NoProgress")
+    assert "no rank advanced its step for 30s (spec.progressDeadlineSeconds=30); stuck at step 10" in message
+    assert "not answering: rank 1 (pod train-1 on node node-a)" in message
+    assert sorted(x.name for x in p.delete_pods) == ["train-0", "train-1"]
+    assert c.events[-1] == "NoProgress"
+
+
+def test_no_progress_counts_against_the_backoff_limit() -> None:
+    c = running(2, progressDeadlineSeconds=30, runPolicy={"backoffLimit": 0})
+    train(c, 40, 0)
+    assert c.status.phase is Phase.FAILED
+    assert c.condition("Failed")[:2] == (True, "BackoffLimitExceeded")
+    assert "no rank advanced its step for 30s" in c.condition("Failed")[2]
+
+
+def test_no_progress_is_judged_only_on_polls_not_on_the_clock_alone() -> None:
+    c = running(2, progressDeadlineSeconds=30)
+    c.now += timedelta(seconds=300)  # the poller saw nothing new: no evidence either way
+    c.step()
+    assert c.status.phase is Phase.RUNNING
+
+
+def test_a_job_that_keeps_stepping_is_never_restarted_for_no_progress() -> None:
+    c = running(2, progressDeadlineSeconds=30)
+    for _ in range(10):
+        train(c, 20, 1)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+
+
+def test_the_progress_of_a_new_attempt_starts_afresh() -> None:
+    c = running(2)
+    train(c, 5, 10)
+    assert c.status.progress is not None and c.status.progress.step == 10
+    c.set(1, phase="Failed", exit_code=200)
+    c.join(0, 1)  # new processes: nothing trained yet
+    restarted_and_running(c)
+    assert c.status.progress is not None and c.status.progress.attempt == 1
+    assert (c.status.progress.step, c.status.progress.last_progress_time) == (0, None), "no step of attempt 1 yet"
+
+
+def test_polls_are_often_enough_for_the_shortest_window_and_fast_while_ranks_join() -> None:
+    c = FakeCluster(job(progressDeadlineSeconds=20, straggler={"windowSeconds": 40}))
+    c.settle()
+    c.set_all(phase="Running")
+    assert c.settle().poll_interval == 2.0
+    c.join(0, 1)
+    c.poll()
+    assert c.settle().poll_interval == 5.0
+    assert running(2).last is not None and running(2).settle().poll_interval == 15.0
+
+
+def test_a_finished_or_restarting_job_is_not_polled() -> None:
+    c = running(1)
+    c.set(0, phase="Succeeded", exit_code=0)
+    assert c.settle().poll == ()
+    c = running(2)
+    c.set(0, phase="Failed", exit_code=200)
+    assert c.step().poll == ()

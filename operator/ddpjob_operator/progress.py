@@ -1,0 +1,406 @@
+"""Pure: training progress read from the ranks' /metrics, summarised over a window.
+
+The poller (``poller.py``) scrapes every rank's endpoint on an interval and keeps the scrapes of
+the last window in memory; this module is the arithmetic on those scrapes, and the
+``status.progress`` the operator writes from it. Nothing here does I/O.
+
+Why a rank's *work* time and not its step time: DDP runs every rank at the pace of the slowest,
+because the gradient all-reduce in ``backward`` waits for all of them. So every rank's wall step
+time is the same, and a straggler shows up as the rank that spends longest on the phases it does
+alone (data, forward, optimizer) while its peers wait for it in ``backward``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ddp_trainer import metric_names as names
+
+WINDOW_SECONDS = 60.0
+"""The status figures (samples/s, step time p50, per-rank times) cover at most the last minute."""
+WORK_PHASES = ("data", "forward", "optimizer")
+"""The phases a rank does on its own; ``backward`` holds the wait for the slowest peer."""
+MIN_EXCESS_SECONDS = 0.005
+"""A straggler's work time must also exceed the others' median by this much: ignore jitter of fast steps."""
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+# ---------------------------------------------------------------------------------------------
+# One scrape of one rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSample:
+    """The counters of one rank's /metrics at one moment (cumulative since its process started)."""
+
+    ready: bool = False
+    """ddp_process_group_ready == 1: this rank has joined the process group."""
+    step: float | None = None
+    """ddp_step, the training step reached (survives resume); None from a trainer without it."""
+    steps: float = 0.0
+    samples: float = 0.0
+    step_sum: float = 0.0
+    step_count: float = 0.0
+    step_buckets: tuple[tuple[float, float], ...] = ()
+    """(upper bound, cumulative count) of the ddp_step_seconds histogram, ascending."""
+    phase_sums: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def reached(self) -> float:
+        return self.step if self.step is not None else self.steps
+
+    @property
+    def work_sum(self) -> float:
+        return sum(self.phase_sums.get(p, 0.0) for p in WORK_PHASES)
+
+    def minus(self, older: RankSample | None) -> RankSample:
+        """What happened between ``older`` and this sample (from process start when None)."""
+        if older is None or self.step_count < older.step_count:  # a restarted process: counters reset
+            return self
+        old_buckets = dict(older.step_buckets)
+        return RankSample(
+            ready=self.ready,
+            step=self.step,
+            steps=self.steps - older.steps,
+            samples=self.samples - older.samples,
+            step_sum=self.step_sum - older.step_sum,
+            step_count=self.step_count - older.step_count,
+            step_buckets=tuple((le, n - old_buckets.get(le, 0.0)) for le, n in self.step_buckets),
+            phase_sums={p: v - older.phase_sums.get(p, 0.0) for p, v in self.phase_sums.items()},
+        )
+
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> RankSample:
+    """Read the trainer's Prometheus text; unknown lines are ignored, missing metrics stay zero."""
+    values: dict[str, float] = {}
+    buckets: list[tuple[float, float]] = []
+    phases: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("ddp_"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            continue
+        name, labels_text, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        labels = dict(_LABEL.findall(labels_text or ""))
+        if name == f"{names.STEP_SECONDS}_bucket" and "le" in labels:
+            buckets.append((math.inf if labels["le"] == "+Inf" else float(labels["le"]), value))
+        elif name == f"{names.PHASE_SECONDS}_sum" and names.PHASE_LABEL in labels:
+            phases[labels[names.PHASE_LABEL]] = value
+        elif not labels:
+            values[name] = value
+    return RankSample(
+        ready=values.get(names.PROCESS_GROUP_READY, 0.0) >= 1.0,
+        step=values.get(names.STEP),
+        steps=values.get(names.STEPS_TOTAL, 0.0),
+        samples=values.get(names.SAMPLES_TOTAL, 0.0),
+        step_sum=values.get(f"{names.STEP_SECONDS}_sum", 0.0),
+        step_count=values.get(f"{names.STEP_SECONDS}_count", 0.0),
+        step_buckets=tuple(sorted(buckets)),
+        phase_sums=phases,
+    )
+
+
+def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The q-quantile of a cumulative histogram, interpolated within its bucket as Prometheus does."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower_bound  # in the +Inf bucket: the highest finite bound is all we know
+            if count == lower_count:
+                return upper
+            return lower_bound + (upper - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = upper, count
+    return lower_bound
+
+
+# ---------------------------------------------------------------------------------------------
+# Scrapes of a whole job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One process to scrape: its global rank, the pod and node it runs on, its /metrics URL."""
+
+    rank: int
+    pod: str
+    node: str
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scrape:
+    """One poll of every rank of one attempt."""
+
+    at: datetime
+    attempt: int
+    targets: tuple[Target, ...]
+    ranks: Mapping[int, RankSample]
+    """The ranks that answered."""
+    errors: Mapping[int, str] = field(default_factory=dict)
+    """The ranks that did not, and why (timeout, connection refused...)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankProgress:
+    rank: int
+    pod: str
+    node: str = ""
+    step: int | None = None
+    step_seconds: float | None = None
+    """Mean wall time of a step over the window (the same on every rank: DDP is in lockstep)."""
+    work_seconds: float | None = None
+    """Mean time per step of the phases the rank does alone: data, forward, optimizer."""
+    error: str = ""
+    """Why the last poll got no answer from this rank; empty when it answered."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rank": self.rank, "pod": self.pod}
+        if self.node:
+            out["node"] = self.node
+        for key, value in (("step", self.step), ("stepSeconds", self.step_seconds), ("workSeconds", self.work_seconds)):
+            if value is not None:
+                out[key] = value
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    @staticmethod
+    def parse(raw: Mapping[str, Any]) -> RankProgress:
+        return RankProgress(
+            rank=_int(raw.get("rank")) or 0,
+            pod=str(raw.get("pod") or ""),
+            node=str(raw.get("node") or ""),
+            step=_int(raw.get("step")),
+            step_seconds=_float(raw.get("stepSeconds")),
+            work_seconds=_float(raw.get("workSeconds")),
+            error=str(raw.get("error") or ""),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler:
+    """A rank seen above the others' median since ``since``; flagged once that lasts the window."""
+
+    rank: int
+    since: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressStatus:
+    """``status.progress``: what the last polls saw, plus the little the watchdogs must remember."""
+
+    attempt: int = 0
+    joined: int = 0
+    """Ranks of this attempt that reported their process group ready (ever, in this attempt)."""
+    world_size: int = 0
+    step: int | None = None
+    samples_per_second: float | None = None
+    step_time_p50: float | None = None
+    window_seconds: float | None = None
+    slowest_rank: int | None = None
+    last_progress_time: datetime | None = None
+    """When the operator saw the step advance last (in this attempt)."""
+    observed_time: datetime | None = None
+    ranks: tuple[RankProgress, ...] = ()
+    straggler: Straggler | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"attempt": self.attempt, "joined": self.joined, "worldSize": self.world_size}
+        optional: dict[str, Any] = {
+            "step": self.step,
+            "samplesPerSecond": self.samples_per_second,
+            "stepTimeSeconds": self.step_time_p50,
+            "stepTime": human_seconds(self.step_time_p50),
+            "windowSeconds": self.window_seconds,
+            "slowestRank": self.slowest_rank,
+            "lastProgressTime": _stamp(self.last_progress_time),
+            "observedTime": _stamp(self.observed_time),
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        if self.ranks:
+            out["ranks"] = [r.to_dict() for r in self.ranks]
+        if self.straggler:
+            out["straggler"] = {"rank": self.straggler.rank, "since": _stamp(self.straggler.since)}
+        return out
+
+    @staticmethod
+    def parse(raw: Any) -> ProgressStatus | None:
+        if not isinstance(raw, Mapping):
+            return None
+        straggler = raw.get("straggler")
+        since = _time(straggler.get("since")) if isinstance(straggler, Mapping) else None
+        return ProgressStatus(
+            attempt=_int(raw.get("attempt")) or 0,
+            joined=_int(raw.get("joined")) or 0,
+            world_size=_int(raw.get("worldSize")) or 0,
+            step=_int(raw.get("step")),
+            samples_per_second=_float(raw.get("samplesPerSecond")),
+            step_time_p50=_float(raw.get("stepTimeSeconds")),
+            window_seconds=_float(raw.get("windowSeconds")),
+            slowest_rank=_int(raw.get("slowestRank")),
+            last_progress_time=_time(raw.get("lastProgressTime")),
+            observed_time=_time(raw.get("observedTime")),
+            ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
+            straggler=(
+                Straggler(rank=_int(straggler.get("rank")) or 0, since=since)
+                if isinstance(straggler, Mapping) and since
+                else None
+            ),
+        )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def human_seconds(seconds: float | None) -> str | None:
+    """39ms, 1.25s: for the STEP-TIME column."""
+    if seconds is None:
+        return None
+    if seconds < 1:
+        return f"{seconds * 1000:.3g}ms"
+    return f"{seconds:.3g}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# From scrapes to figures
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """The figures of one window of scrapes."""
+
+    at: datetime
+    joined: frozenset[int]
+    step: int | None
+    samples_per_second: float | None
+    step_time_p50: float | None
+    window_seconds: float
+    ranks: tuple[RankProgress, ...]
+    recent_work: Mapping[int, float]
+    """Each rank's work seconds per step between its last two answers (what the straggler rule reads)."""
+
+    @property
+    def slowest_rank(self) -> int | None:
+        timed = [(r.work_seconds, r.rank) for r in self.ranks if r.work_seconds is not None]
+        return max(timed)[1] if timed else None
+
+
+def _answers(scrapes: Sequence[Scrape], rank: int) -> list[tuple[datetime, RankSample]]:
+    return [(s.at, s.ranks[rank]) for s in scrapes if rank in s.ranks]
+
+
+def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS) -> Summary | None:
+    """Figures over the scrapes of the last ``window_seconds`` (oldest first, one attempt); None if none."""
+    if not scrapes:
+        return None
+    latest = scrapes[-1]
+    recent = [s for s in scrapes if (latest.at - s.at).total_seconds() <= window_seconds]
+    joined = frozenset(r for s in scrapes for r, sample in s.ranks.items() if sample.ready)
+    ranks: list[RankProgress] = []
+    rates: list[float] = []
+    merged: dict[float, float] = {}
+    recent_work: dict[int, float] = {}
+    steps: list[float] = []
+    for target in sorted(latest.targets, key=lambda t: t.rank):
+        answers = _answers(recent, target.rank)
+        if not answers:
+            ranks.append(RankProgress(rank=target.rank, pod=target.pod, node=target.node,
+                                      error=latest.errors.get(target.rank, "no answer")))  # fmt: skip
+            continue
+        (first_at, first), (last_at, last) = answers[0], answers[-1]
+        window = last.minus(first if len(answers) > 1 else None)
+        steps.append(last.reached)
+        if len(answers) > 1 and (last_at - first_at).total_seconds() > 0:
+            rates.append(window.samples / (last_at - first_at).total_seconds())
+        for le, n in window.step_buckets:
+            merged[le] = merged.get(le, 0.0) + n
+        previous = answers[-2][1] if len(answers) > 1 else None
+        latest_delta = last.minus(previous)
+        if latest_delta.step_count > 0:
+            recent_work[target.rank] = latest_delta.work_sum / latest_delta.step_count
+        ranks.append(
+            RankProgress(
+                rank=target.rank,
+                pod=target.pod,
+                node=target.node,
+                step=int(last.reached),
+                step_seconds=_round(window.step_sum / window.step_count) if window.step_count > 0 else None,
+                work_seconds=_round(window.work_sum / window.step_count) if window.step_count > 0 else None,
+                error=latest.errors.get(target.rank, ""),
+            )
+        )
+    p50 = quantile(0.5, sorted(merged.items()))
+    return Summary(
+        at=latest.at,
+        joined=joined,
+        step=int(max(steps)) if steps else None,
+        samples_per_second=round(sum(rates), 1) if rates else None,
+        step_time_p50=_round(p50) if p50 is not None else None,
+        window_seconds=round((latest.at - recent[0].at).total_seconds(), 1),
+        ranks=tuple(ranks),
+        recent_work=recent_work,
+    )
+
+
+def _round(seconds: float) -> float:
+    return round(seconds, 4)
+
+
+def straggler_candidate(work: Mapping[int, float], factor: float) -> tuple[int, float, float] | None:
+    """The rank whose work time exceeds ``factor`` x the median of the others: (rank, its time, median)."""
+    if len(work) < 2:
+        return None
+    rank = max(work, key=lambda r: (work[r], -r))
+    others = statistics.median(v for r, v in work.items() if r != rank)
+    if work[rank] > factor * others and work[rank] - others > MIN_EXCESS_SECONDS:
+        return rank, work[rank], others
+    return None
+
+
+def joined_ranks(scrapes: Iterable[Scrape]) -> frozenset[int]:
+    return frozenset(r for s in scrapes for r, sample in s.ranks.items() if sample.ready)
+
+
+def fresh(old: ProgressStatus | None, attempt: int, world_size: int) -> ProgressStatus:
+    """The progress to build on: the old one if it is of this attempt, else an empty one."""
+    if old is not None and old.attempt == attempt:
+        return replace(old, world_size=world_size)
+    return ProgressStatus(attempt=attempt, world_size=world_size)
