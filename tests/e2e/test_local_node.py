@@ -41,8 +41,8 @@ def test_the_node_registers_with_its_real_capacity_and_stays_ready(core: Any) ->
 def test_a_pod_runs_as_a_process_and_reports_its_exit_code(core: Any, namespace: str) -> None:
     core.create_namespaced_pod(namespace, python_pod("ok", "print('hi')"))
     core.create_namespaced_pod(namespace, python_pod("bad", "import sys; sys.exit(3)"))
-    wait_for("ok to succeed", lambda: pod_phase(core, "ok", namespace) == "Succeeded", 60)
-    wait_for("bad to fail", lambda: pod_phase(core, "bad", namespace) == "Failed", 60)
+    wait_for("ok to succeed", lambda: pod_phase(core, "ok", namespace) == "Succeeded", 120)
+    wait_for("bad to fail", lambda: pod_phase(core, "bad", namespace) == "Failed", 120)
     ok = core.read_namespaced_pod("ok", namespace)
     assert ok.spec.node_name == NODE_NAME, "bound by kube-scheduler"
     assert ok.status.pod_ip and ok.status.start_time
@@ -58,7 +58,7 @@ def test_a_running_pod_is_ready_with_its_ip_and_the_downward_api(core: Any, name
         {"name": "MY_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     core.create_namespaced_pod(namespace, python_pod("runner", code, container={"env": env}))
-    wait_for("runner to run", lambda: pod_phase(core, "runner", namespace) == "Running", 60)
+    wait_for("runner to run", lambda: pod_phase(core, "runner", namespace) == "Running", 120)
     pod = core.read_namespaced_pod("runner", namespace)
     assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions)
     log = wait_for("the pod's output", lambda: _log(core, pod), 30)
@@ -112,7 +112,7 @@ def test_pods_behind_a_headless_service_resolve_each_other_by_cluster_dns_name(c
             namespace, python_pod(f"grp-{rank}", code, hostname=f"grp-{rank}", subdomain="grp", labels={"grp": "a"})
         )
     for rank in range(2):
-        wait_for(f"grp-{rank} to succeed", lambda r=rank: pod_phase(core, f"grp-{r}", namespace) == "Succeeded", 60)
+        wait_for(f"grp-{rank} to succeed", lambda r=rank: pod_phase(core, f"grp-{r}", namespace) == "Succeeded", 120)
     ips = [core.read_namespaced_pod(f"grp-{r}", namespace).status.pod_ip for r in range(2)]
     for rank in range(2):
         pod = core.read_namespaced_pod(f"grp-{rank}", namespace)
@@ -127,7 +127,7 @@ def test_deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_period(core: 
         "while True: time.sleep(0.1)\n"
     )
     core.create_namespaced_pod(namespace, python_pod("stubborn", code, terminationGracePeriodSeconds=3))
-    wait_for("stubborn to run", lambda: pod_phase(core, "stubborn", namespace) == "Running", 60)
+    wait_for("stubborn to run", lambda: pod_phase(core, "stubborn", namespace) == "Running", 120)
     pod = core.read_namespaced_pod("stubborn", namespace)
     wait_for("the handler to be installed", lambda: "ready" in _log(core, pod), 30)
     started = time.monotonic()
@@ -145,11 +145,11 @@ def test_restarting_the_node_agent_neither_loses_nor_duplicates_a_running_pod(
 ) -> None:
     code = "import time; time.sleep(6); print('done', flush=True)"
     core.create_namespaced_pod(namespace, python_pod("survivor", code))
-    wait_for("survivor to run", lambda: pod_phase(core, "survivor", namespace) == "Running", 60)
+    wait_for("survivor to run", lambda: pod_phase(core, "survivor", namespace) == "Running", 120)
     pid = _container_pid(local_node, core, "survivor", namespace)
     local_node.restart()
     os.kill(pid, 0)  # the process outlived the agent
-    wait_for("survivor to succeed", lambda: pod_phase(core, "survivor", namespace) == "Succeeded", 60)
+    wait_for("survivor to succeed", lambda: pod_phase(core, "survivor", namespace) == "Succeeded", 120)
     pod = core.read_namespaced_pod("survivor", namespace)
     assert _log(core, pod).count("done") == 1, "ran exactly once"
     assert pod.status.container_statuses[0].restart_count == 0
@@ -169,20 +169,20 @@ def test_pods_mounting_one_claim_share_its_directory(core: Any, namespace: str) 
         namespace,
         python_pod("writer", "open('/mnt/ddpjob-test-shared/x', 'w').write('42')", container=mount, volumes=volumes),
     )
-    wait_for("writer to succeed", lambda: pod_phase(core, "writer", namespace) == "Succeeded", 90)
+    wait_for("writer to succeed", lambda: pod_phase(core, "writer", namespace) == "Succeeded", 120)
     core.create_namespaced_pod(
         namespace,
         python_pod(
             "reader", "assert open('/mnt/ddpjob-test-shared/x').read() == '42'", container=mount, volumes=volumes
         ),
     )
-    wait_for("reader to succeed", lambda: pod_phase(core, "reader", namespace) == "Succeeded", 90)
+    wait_for("reader to succeed", lambda: pod_phase(core, "reader", namespace) == "Succeeded", 120)
     assert not os.path.exists("/mnt/ddpjob-test-shared"), "the node removes the mount points it made"
 
 
 def test_a_sigstopped_process_is_still_reported_running(core: Any, namespace: str, local_node: LocalNode) -> None:
     core.create_namespaced_pod(namespace, python_pod("frozen", "import time; time.sleep(30)"))
-    wait_for("frozen to run", lambda: pod_phase(core, "frozen", namespace) == "Running", 60)
+    wait_for("frozen to run", lambda: pod_phase(core, "frozen", namespace) == "Running", 120)
     pid = _container_pid(local_node, core, "frozen", namespace)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -214,7 +214,7 @@ def test_init_containers_run_in_order_before_the_app_container(core: Any, namesp
             volumes=[{"name": "scratch", "emptyDir": {}}],
         ),
     )
-    wait_for("inits to succeed", lambda: pod_phase(core, "inits", namespace) == "Succeeded", 60)
+    wait_for("inits to succeed", lambda: pod_phase(core, "inits", namespace) == "Succeeded", 120)
     statuses = core.read_namespaced_pod("inits", namespace).status.init_container_statuses
     assert [s.state.terminated.exit_code for s in statuses] == [0, 0]
 
@@ -222,7 +222,7 @@ def test_init_containers_run_in_order_before_the_app_container(core: Any, namesp
 def test_a_failing_init_container_fails_the_pod_without_starting_the_app(core: Any, namespace: str) -> None:
     inits = [{"name": "nope", "image": "ghcr.io/ddpjob/trainer:dev", "command": ["sh", "-c", "exit 7"]}]
     core.create_namespaced_pod(namespace, python_pod("blocked", "print('never')", initContainers=inits))
-    wait_for("blocked to fail", lambda: pod_phase(core, "blocked", namespace) == "Failed", 60)
+    wait_for("blocked to fail", lambda: pod_phase(core, "blocked", namespace) == "Failed", 120)
     pod = core.read_namespaced_pod("blocked", namespace)
     assert pod.status.init_container_statuses[0].state.terminated.exit_code == 7
     assert pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"
@@ -246,7 +246,7 @@ def test_a_pod_with_a_service_account_gets_a_token_and_a_kubeconfig_that_work(co
     )
     env = [{"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     core.create_namespaced_pod(namespace, python_pod("sa", code, container={"env": env}))
-    wait_for("sa to succeed", lambda: pod_phase(core, "sa", namespace) == "Succeeded", 90)
+    wait_for("sa to succeed", lambda: pod_phase(core, "sa", namespace) == "Succeeded", 120)
     pod = core.read_namespaced_pod("sa", namespace)
     # The apiserver authenticated the token as the pod's ServiceAccount, which has no role: 403, not 401.
     assert _log(core, pod).split() == ["status", "403", "status", "403"]

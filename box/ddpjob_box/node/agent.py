@@ -153,6 +153,7 @@ class Agent:
         self.coordination = client.CoordinationV1Api(api)
         self.records: dict[str, PodRecord] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # the latest listing, by uid
+        self.sent: dict[str, dict[str, Any]] = {}  # the last status patched, by uid
         self.pods_dir = settings.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.stop_event = threading.Event()
@@ -584,17 +585,20 @@ class Agent:
         volumes.remove_created(record.created_dirs)
         shutil.rmtree(record.dir, ignore_errors=True)
         self.records.pop(record.uid, None)
+        self.sent.pop(record.uid, None)
 
     def patch_status(self, pod: dict[str, Any], record: PodRecord, waiting: tuple[str, str] | None = None) -> None:
         body = pod_status(pod, record, self.s.bridge.gateway, waiting)
-        current = {k: pod.get("status", {}).get(k) for k in body}
-        if _same_status(current, body):
+        # The last status this agent sent: the API echoes timestamps in another format, so comparing
+        # against it would patch every pass, and every patch wakes the operator.
+        if self.sent.get(record.uid) == body:
             return
         try:
             self.core.patch_namespaced_pod_status(record.name, record.namespace, {"status": body})
         except ApiException as err:
             if err.status != 404:
                 raise
+        self.sent[record.uid] = body
 
     def loop(self) -> None:
         threading.Thread(target=self.heartbeat_loop, daemon=True).start()
@@ -608,21 +612,6 @@ class Agent:
 
 def _terminal(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
-def _same_status(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                k: strip(v)
-                for k, v in value.items()
-                if k not in ("lastProbeTime", "lastTransitionTime") and v is not None
-            }
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return bool(strip(dict(current)) == strip(dict(desired)))
 
 
 def container_status(spec: Mapping[str, Any], c: ContainerState | None, waiting: tuple[str, str]) -> dict[str, Any]:
@@ -686,7 +675,6 @@ def pod_status(
         "phase": phase,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
-        "startTime": stamp(record.started_at or time.time()),
         "conditions": [
             {"type": "PodReadyToStartContainers", "status": "True" if record.started_at else "False"},
             {
@@ -706,7 +694,7 @@ def pod_status(
     if init_statuses:
         body["initContainerStatuses"] = init_statuses
     if record.started_at:
-        body.update(podIP=record.address, podIPs=[{"ip": record.address}])
+        body.update(podIP=record.address, podIPs=[{"ip": record.address}], startTime=stamp(record.started_at))
     return body
 
 
