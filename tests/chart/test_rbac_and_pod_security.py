@@ -155,8 +155,12 @@ def test_a_restricted_namespace_admits_the_operator_pod_and_refuses_a_privileged
     account.write_text(json.dumps(one(docs, "ServiceAccount")))
     kubectl(cluster.kubeconfig, "apply", "-f", str(account))
     template_ = one(docs, "Deployment")["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator", **template_["metadata"]}}
-    pod["spec"] = template_["spec"]
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "operator", **template_["metadata"]},
+        "spec": copy.deepcopy(template_["spec"]),
+    }
     assert _refusal(cluster, namespace, pod, tmp_path) == ""
     privileged = copy.deepcopy(pod)
     privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}

@@ -1,0 +1,261 @@
+"""helm install into the box, in a namespace that enforces Pod Security `restricted`: the operator runs
+as a pod under the chart's ServiceAccount, reconciles the CPU example to Succeeded, every dashboard
+panel's PromQL returns data from the box's Prometheus while it trains, and helm uninstall leaves only
+the CRD (and the jobs it holds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ddpjob_box.box import LocalNode
+from ddpjob_box.prometheus import Prometheus
+from tests.chart.helm import CHART, DASHBOARD, REPO, helm, label_selector, one, template
+from tests.conftest import Cluster
+from tests.e2e.kube import wait_for
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "ddpjob"
+CRD = "ddpjobs.ddpjob.dev"
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+STEPS = 800
+# Grafana's variables, as a user would pick them; 1m spans many 2 s scrapes of the box's Prometheus.
+RATE_INTERVAL, RANGE = "1m", "15m"
+
+
+@dataclass
+class Release:
+    namespace: str
+    kubeconfig: Path
+    crd_existed: bool
+    core: Any
+    custom: Any
+    apps: Any
+    seen: dict[str, Any] = field(default_factory=dict)  # what the training run observed, for the tests
+
+    def helm(self, *args: str, check: bool = True) -> Any:
+        return helm(*args, "--namespace", self.namespace, kubeconfig=self.kubeconfig, check=check)
+
+    def operator_pod(self) -> Any:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app.kubernetes.io/instance={RELEASE}")
+        running = [p for p in pods.items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return running[0] if running else None
+
+    def job(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, api_client: Any, local_node: LocalNode) -> Iterator[Release]:
+    """The chart installed with its defaults (plus the dashboard ConfigMap) into a fresh restricted namespace."""
+    core = client.CoreV1Api(api_client)
+    ext = client.ApiextensionsV1Api(api_client)
+    try:
+        ext.read_custom_resource_definition(CRD)
+        crd_existed = True
+    except ApiException as err:
+        assert err.status == 404
+        crd_existed = False
+    namespace = f"chart-{uuid.uuid4().hex[:8]}"
+    labels = {"ddpjob.dev/test": "true", "pod-security.kubernetes.io/enforce": "restricted"}
+    core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+    installed = Release(
+        namespace=namespace,
+        kubeconfig=cluster.kubeconfig,
+        crd_existed=crd_existed,
+        core=core,
+        custom=client.CustomObjectsApi(api_client),
+        apps=client.AppsV1Api(api_client),
+    )
+    try:
+        installed.helm("install", RELEASE, str(CHART), "--set", "dashboard.enabled=true", "--wait", "--timeout=5m")
+        yield installed
+    finally:
+        installed.helm("uninstall", RELEASE, "--wait", "--timeout=2m", check=False)
+        core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def _operator_log(release: Release, node: LocalNode) -> str:
+    pod = release.operator_pod()
+    path = node.pod_dir(pod.metadata.uid) / "c-operator" / "log" if pod else None
+    return path.read_text(errors="replace") if path and path.exists() else ""
+
+
+def _diagnosis(release: Release, node: LocalNode) -> str:
+    """What a failed wait shows: the jobs' status, the pods' phases and the operator's log tail."""
+    jobs = release.custom.list_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL)["items"]
+    pods = release.core.list_namespaced_pod(release.namespace).items
+    lines = [f"job {j['metadata']['name']}: {json.dumps(j.get('status'))}" for j in jobs]
+    lines += [f"pod {p.metadata.name}: {p.status.phase}" for p in pods]
+    log = _operator_log(release, node)
+    return "\n".join([*lines, "operator log (tail):", *log.splitlines()[-40:]])
+
+
+def _wait(release: Release, node: LocalNode, what: str, probe: Any, timeout: float) -> Any:
+    try:
+        return wait_for(what, probe, timeout, interval=1)
+    except pytest.fail.Exception as failed:
+        pytest.fail(f"{failed}\n{_diagnosis(release, node)}", pytrace=False)
+
+
+def _substitute(expr: str, namespace: str, job: str) -> str:
+    return (
+        expr.replace("$namespace", namespace)
+        .replace("$job", job)
+        .replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$__range", RANGE)
+    )
+
+
+def _finite(result: list[dict[str, Any]]) -> bool:
+    return any(math.isfinite(float(series["value"][1])) for series in result)
+
+
+@pytest.fixture(scope="module")
+def training(release: Release, local_node: LocalNode, prometheus: Prometheus) -> Release:
+    """Apply the CPU example (longer, and lingering), query every panel while it trains, wait for the end."""
+    docs = [d for d in yaml.safe_load_all((REPO / "manifests" / "cpu-ddp.yaml").read_text()) if d]
+    claim = one(docs, "PersistentVolumeClaim")
+    job = dict(one(docs, "DDPJob"))
+    name = job["metadata"]["name"]
+    trainer = job["spec"]["template"]["spec"]["containers"][0]
+    args = list(trainer["args"])
+    args[args.index("--steps") + 1] = str(STEPS)
+    trainer["args"] = [*args, "--metrics-linger-seconds", "30"]
+    release.core.create_namespaced_persistent_volume_claim(release.namespace, claim)
+    release.custom.create_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL, job)
+    seen = release.seen
+    seen["job"] = name
+
+    def running() -> bool:
+        phase = (release.job(name).get("status") or {}).get("phase")
+        assert phase != "Failed", release.job(name)["status"]
+        return phase == "Running"
+
+    _wait(release, local_node, f"{name} to be Running", running, 240)
+    policy = one(template(namespace=release.namespace), "NetworkPolicy")
+    selected = release.core.list_namespaced_pod(
+        release.namespace, label_selector=label_selector(policy["spec"]["podSelector"])
+    )
+    seen["policy_selects"] = sorted(p.metadata.name for p in selected.items)
+    seen["pods"] = sorted(p.metadata.name for p in release.core.list_namespaced_pod(release.namespace).items)
+
+    def halfway() -> bool:
+        found = prometheus.query(f'ddp_steps_total{{namespace="{release.namespace}", ddpjob="{name}"}}')
+        return len(found) == 2 and all(float(s["value"][1]) >= STEPS // 4 for s in found)
+
+    _wait(release, local_node, "both ranks a quarter through, in Prometheus", halfway, 300)
+    panels = [(p["title"], t["expr"]) for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    seen["panels"] = []
+    deadline = time.monotonic() + 30  # a panel may need one more scrape; never more than the linger
+    for title, expr in panels:
+        query = _substitute(expr, release.namespace, name)
+        result = prometheus.query(query)
+        while not _finite(result) and time.monotonic() < deadline:
+            time.sleep(1)
+            result = prometheus.query(query)
+        seen["panels"].append((title, query, result))
+
+    def finished() -> str | None:
+        phase = (release.job(name).get("status") or {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    seen["phase"] = _wait(release, local_node, f"{name} to finish", finished, 300)
+    seen["status"] = release.job(name)["status"]
+    seen["operator_log"] = _operator_log(release, local_node)
+    return release
+
+
+def test_helm_install_creates_the_crd_the_rbac_and_the_operator_deployment(release: Release) -> None:
+    crd = client.ApiextensionsV1Api(release.core.api_client).read_custom_resource_definition(CRD)
+    assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
+    if not release.crd_existed:
+        assert "helm" in {f.manager for f in crd.metadata.managed_fields}, "helm created it from crds/"
+    rbac = client.RbacAuthorizationV1Api(release.core.api_client)
+    assert rbac.read_namespaced_role(RELEASE, release.namespace).rules
+    binding = rbac.read_namespaced_role_binding(RELEASE, release.namespace)
+    assert binding.subjects[0].name == RELEASE
+    deployment = release.apps.read_namespaced_deployment(RELEASE, release.namespace)
+    assert deployment.status.ready_replicas == 1
+
+
+def test_the_operator_runs_as_a_pod_under_the_charts_service_account_in_a_restricted_namespace(
+    release: Release, local_node: LocalNode
+) -> None:
+    pod = release.operator_pod()
+    assert pod is not None, "the Deployment's pod runs on the local node"
+    namespace = release.core.read_namespace(release.namespace)
+    assert namespace.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert pod.spec.service_account_name == RELEASE
+    container = local_node.pod_dir(pod.metadata.uid) / "c-operator"
+    env = json.loads((container / "env.json").read_text())
+    if "KUBECONFIG" in env:  # the local node's kubeconfig for the pod's own token, never the admin's
+        users = json.loads(Path(env["KUBECONFIG"]).read_text())["users"]
+        assert [set(u["user"]) for u in users] == [{"tokenFile"}], users
+        assert Path(users[0]["user"]["tokenFile"]).is_relative_to(local_node.pod_dir(pod.metadata.uid))
+    argv = json.loads((container / "argv.json").read_text())
+    command = ["ddpjob", "operator", f"--namespace={release.namespace}"]
+    assert any(argv[i : i + 3] == command for i in range(len(argv))), argv
+    mounts = [m.mount_path for m in pod.spec.containers[0].volume_mounts]
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+
+
+def test_the_operator_reconciles_the_cpu_example_to_succeeded_under_the_charts_rbac(training: Release) -> None:
+    seen = training.seen
+    forbidden = [line for line in seen["operator_log"].splitlines() if re.search(r"Forbidden|\b403\b", line)]
+    assert forbidden == [], "the chart's RBAC lacks a permission the operator used"
+    assert seen["phase"] == "Succeeded", seen["status"]
+    assert seen["status"]["replicas"]["succeeded"] == 2
+    assert seen["status"].get("restarts", 0) == 0
+
+
+def test_every_dashboard_panel_returns_data_from_prometheus_while_the_job_trains(training: Release) -> None:
+    empty = [(title, query) for title, query, result in training.seen["panels"] if not _finite(result)]
+    assert empty == [], "panels without data"
+    by_title = {title: result for title, _, result in training.seen["panels"]}
+    assert sorted(s["metric"]["rank"] for s in by_title["Loss per rank"]) == ["0", "1"]
+    phases = next(r for t, _, r in training.seen["panels"] if t == "Time per step by phase")
+    assert sorted(s["metric"]["phase"] for s in phases) == ["backward", "data", "forward", "optimizer"]
+
+
+def test_the_network_policy_selects_exactly_the_jobs_pods(training: Release) -> None:
+    job = training.seen["job"]
+    assert training.seen["policy_selects"] == [f"{job}-0", f"{job}-1"]
+    assert any(name.startswith(RELEASE) for name in training.seen["pods"]), "the operator pod is left out"
+
+
+def test_helm_uninstall_removes_everything_but_the_crd_and_the_jobs_it_holds(
+    training: Release, local_node: LocalNode
+) -> None:
+    release = training
+    release.helm("uninstall", RELEASE, "--wait", "--timeout=2m")
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    ns = release.namespace
+    rbac = client.RbacAuthorizationV1Api(release.core.api_client)
+    networking = client.NetworkingV1Api(release.core.api_client)
+    leftovers = {
+        "deployments": release.apps.list_namespaced_deployment(ns, label_selector=selector).items,
+        "serviceaccounts": release.core.list_namespaced_service_account(ns, label_selector=selector).items,
+        "services": release.core.list_namespaced_service(ns, label_selector=selector).items,
+        "configmaps": release.core.list_namespaced_config_map(ns, label_selector=selector).items,
+        "roles": rbac.list_namespaced_role(ns, label_selector=selector).items,
+        "rolebindings": rbac.list_namespaced_role_binding(ns, label_selector=selector).items,
+        "networkpolicies": networking.list_namespaced_network_policy(ns, label_selector=selector).items,
+    }
+    assert {kind: [o.metadata.name for o in items] for kind, items in leftovers.items() if items} == {}
+    wait_for("the operator pod to be gone", lambda: release.operator_pod() is None, 120, interval=1)
+    client.ApiextensionsV1Api(release.core.api_client).read_custom_resource_definition(CRD)
+    assert release.job(training.seen["job"])["status"]["phase"] == "Succeeded", "jobs outlive the chart"
