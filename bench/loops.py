@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -82,13 +82,21 @@ class SyncCounter:
         if self._previous is not None:
             warnings.showwarning = self._previous
 
-    def _show(self, message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+    def _show(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if "synchroniz" in str(message):
             self.count += 1
             key = f"{filename}:{lineno}"
             self.where[key] = self.where.get(key, 0) + 1
         elif self._previous is not None:
-            self._previous(message, category, filename, lineno, *rest)
+            self._previous(message, category, filename, lineno, file, line)
 
 
 def window(args: argparse.Namespace, device: torch.device, syncs: SyncCounter | None) -> Window:

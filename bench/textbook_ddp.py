@@ -44,12 +44,13 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     fmt = loops.memory_format(args)
     model = loops.build_model(args.model).to(device).to(memory_format=fmt)
+    model.train()
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     steps = args.warmup + args.measure
     dataset = loops.RandomImages(steps * args.batch_size * world_size, args.image_size)
-    sampler = DistributedSampler(dataset)
+    sampler: DistributedSampler[int] = DistributedSampler(dataset)
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
@@ -65,7 +66,6 @@ def main() -> None:
     on_cpu = device.type == "cpu"
     fwd_bwd_ms: list[float] = []
 
-    model.train()
     sampler.set_epoch(0)
     for step, (images, labels) in enumerate(loader, start=1):
         images = images.to(device, non_blocking=True, memory_format=fmt)

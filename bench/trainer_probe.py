@@ -59,7 +59,7 @@ def main() -> None:
 
     timing.StepTimer.finish = timed_finish  # type: ignore[method-assign]
     if args.stub_instrumentation:
-        train.StepTimer = _stub_timer(window)  # type: ignore[misc]
+        train.StepTimer = _stub_timer(window)  # type: ignore[attr-defined]
         metrics.Metrics.record = lambda self, timing: None  # type: ignore[method-assign]
 
     result = train.run(cfg, launch)
