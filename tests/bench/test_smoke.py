@@ -28,7 +28,7 @@ def test_trainer_vs_plain_runs_both_programs_and_reports_their_ratio(tmp_path: P
     result = trainer_vs_plain.main([*TINY, "--out", str(tmp_path)])
     data = written(tmp_path, "trainer_vs_plain")
     assert set(data["runs"]) == {"trainer", "plain loop"}  # type: ignore[call-overload]
-    assert result["targets"][0][0] == "trainer / plain loop"
+    assert [t[0] for t in result["targets"]] == ["trainer / plain loop (wall clock)", "trainer / plain loop (CPU time)"]
 
 
 def test_instrumentation_runs_the_three_variants_and_scrapes_the_metrics_server(tmp_path: Path):
