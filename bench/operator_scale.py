@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         try:
             started = time.monotonic()
             client.post(jobs_path("bench-warmup"), job_body("warmup", args.replicas))
-            if watch.wait([("bench-warmup", "warmup")], 120) != 1:
+            if watch.wait([("bench-warmup", "warmup")], 60) != 1:
                 op.check_alive()
                 raise RuntimeError(f"the operator did not create the warm-up job's pods:\n{op.log_tail()}")
             log(f"  operator up and warm in {time.monotonic() - started:.1f}s")
