@@ -22,7 +22,7 @@ from ddpjob_operator.workqueue import Key, WorkQueue
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events describe transitions
     kube = Kube()
 
@@ -59,8 +59,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.poller.stop()  # first: each poll wakes a worker
     await memo.queue.stop()
-    await memo.poller.stop()
     memo.kube.close()
 
 

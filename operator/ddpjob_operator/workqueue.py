@@ -30,8 +30,11 @@ class WorkQueue:
     def __init__(self, reconcile: Reconcile) -> None:
         self._reconcile = reconcile
         self._workers: dict[Key, _Worker] = {}
+        self._stopped = False
 
     def enqueue(self, key: Key) -> None:
+        if self._stopped:
+            return  # shutting down: nothing new starts
         worker = self._workers.get(key)
         if worker is None:
             worker = self._workers[key] = _Worker()
@@ -42,6 +45,7 @@ class WorkQueue:
         return len(self._workers)
 
     async def stop(self) -> None:
+        self._stopped = True
         tasks = [w.task for w in self._workers.values() if w.task is not None]
         for task in tasks:
             task.cancel()

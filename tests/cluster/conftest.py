@@ -34,6 +34,12 @@ def kubeconfig(cluster: Any) -> Iterator[str]:
         os.environ["KUBECONFIG"] = old
 
 
+@pytest.fixture(autouse=True)
+def _stop_fake_trainers(raw: Raw) -> Iterator[None]:
+    yield
+    raw.trainers.close()
+
+
 @pytest.fixture(scope="module")
 def module_namespace(raw: Raw) -> Iterator[str]:
     name = f"m-{uuid.uuid4().hex[:8]}"

@@ -7,15 +7,22 @@ written, and the apiserver's own validation messages come back untouched.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import random
+import socket
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import yaml
+from prometheus_client import generate_latest
 
+from ddp_trainer.metrics import Metrics, StepTiming
 from ddpjob_operator import api
 
 T = TypeVar("T")
@@ -33,9 +40,82 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {self.message}")
 
 
+def trainer_metrics(*, joined: bool = True, steps: int = 0, work: float = 0.01) -> str:
+    """What the real trainer's /metrics says after ``steps`` steps of ``work`` seconds each (plus 20 ms of backward)."""
+    metrics = Metrics()
+    metrics.pg_ready.set(1 if joined else 0)
+    for n in range(1, steps + 1):
+        phases = {"data": 0.0, "forward": work, "backward": 0.02, "optimizer": 0.0}
+        metrics.record(StepTiming(step=n, samples=16, step_seconds=work + 0.02, phase_seconds=phases, loss=1.0))
+    return generate_latest(metrics.registry).decode()
+
+
+JOINED = trainer_metrics()
+
+
+class FakeTrainers:
+    """Plays the trainer of each Running pod: a /metrics endpoint on a loopback address of the pod's own.
+
+    Every address in 127.0.0.0/8 is local, so each pod gets one (its podIP) and all serve the job's
+    metricsPort, as real pods do; the operator polls them by direct HTTP like any pod IP.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = f"127.{random.randint(1, 254)}"
+        self._next = itertools.count()
+        self._ips: dict[str, str] = {}
+        self._texts: dict[str, str] = {}
+        self._servers: list[ThreadingHTTPServer] = []
+
+    def serve(self, key: str, port: int, text: str) -> str:
+        """Serve ``text`` for the pod ``key`` (its uid); returns the pod's IP."""
+        self._texts[key] = text
+        if key in self._ips:
+            return self._ips[key]
+        n = next(self._next)
+        ip = f"{self._prefix}.{n // 250}.{n % 250 + 1}"
+        texts = self._texts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = texts[key].encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer((ip, port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._servers.append(server)
+        self._ips[key] = ip
+        return ip
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+        self._servers.clear()
+        self._ips.clear()
+        self._texts.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+METRICS_PORT = free_port()
+"""The metricsPort of test jobs: free on every address here, so fake trainers can serve it."""
+
+
 class Raw:
     def __init__(self, api_client: Any) -> None:
         self.api = api_client
+        self.trainers = FakeTrainers()
 
     def request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
                 content_type: str = "application/json", headers_accept: str = "application/json") -> Any:  # fmt: skip
@@ -99,15 +179,24 @@ class Raw:
         self.delete(f"/api/v1/namespaces/{ns}/pods/{quote(name)}")
 
     def set_pod(self, ns: str, name: str, phase: str, *, exit_code: int | None = None, reason: str = "",
-                container: str = "trainer") -> None:  # fmt: skip
-        """Play the kubelet: report a phase and, optionally, how the trainer container ended."""
+                container: str = "trainer", trainer: str | None = JOINED) -> None:  # fmt: skip
+        """Play the kubelet: report a phase and, optionally, how the trainer container ended.
+
+        A Running pod also gets a trainer answering on its podIP with ``trainer`` (by default, a rank
+        that has joined the process group); None: nothing answers there.
+        """
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        ip = "10.244.0.10"
+        if phase == "Running" and exit_code is None and trainer is not None:
+            pod = self.get(f"/api/v1/namespaces/{ns}/pods/{quote(name)}")
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+            ip = self.trainers.serve(pod["metadata"]["uid"], int(env[api.ENV_METRICS_PORT]), trainer)
         state: dict[str, Any] = {"running": {"startedAt": now}}
         if exit_code is not None:
             state = {"terminated": {"exitCode": exit_code, "startedAt": now, "finishedAt": now}}
         status: dict[str, Any] = {
             "phase": phase,
-            "podIP": "10.244.0.10",
+            "podIP": ip,
             "containerStatuses": [{
                 "name": container, "image": "trainer", "imageID": "", "ready": phase == "Running",
                 "restartCount": 0, "state": state,
@@ -169,6 +258,7 @@ TRAINER = {"name": "trainer", "image": "registry.example/ddp-trainer:1", "comman
 
 def job_body(name: str = "train", replicas: int = 2, **spec: Any) -> dict[str, Any]:
     template = spec.pop("template", {"spec": {"containers": [copy.deepcopy(TRAINER)]}})
+    spec.setdefault("metricsPort", METRICS_PORT)
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,

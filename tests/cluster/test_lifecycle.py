@@ -13,7 +13,7 @@ import pytest
 from ddpjob_operator import api
 
 from .conftest import Operator
-from .helpers import Raw, job_body, wait_for
+from .helpers import Raw, job_body, trainer_metrics, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -234,17 +234,35 @@ def test_deleting_the_job_removes_its_children_without_finalizers(raw: Raw, name
     wait_for(lambda: raw.pods(namespace, "train") == [], what="the garbage collector to delete the pods")
 
 
-def test_kubectl_get_shows_phase_ready_restarts_and_age(raw: Raw, namespace: str, operator: Operator) -> None:
-    start(raw, namespace)
+def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_and_age(
+    raw: Raw, namespace: str, operator: Operator
+) -> None:
+    start(raw, namespace, straggler={"windowSeconds": 4})  # a short window: polled every second
     run_all(raw, namespace)
-    table = raw.request(
-        "GET", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}",
-        headers_accept="application/json;as=Table;v=v1;g=meta.k8s.io",
-    )  # fmt: skip
-    columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns == ["Name", "Phase", "Ready", "Restarts", "Age"]
-    (row,) = table["rows"]
-    assert row["cells"][:4] == ["train", "Running", "2/2", 0]
+    for pod in raw.pods(namespace, "train"):  # both ranks train: 50 steps, then 250
+        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=50))
+    wait_for(lambda: raw.status(namespace, "train").get("progress", {}).get("step") == 50, what="step 50")
+    for pod in raw.pods(namespace, "train"):
+        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=250))
+
+    def table_row() -> list[Any] | None:
+        table = raw.request(
+            "GET", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}",
+            headers_accept="application/json;as=Table;v=v1;g=meta.k8s.io",
+        )  # fmt: skip
+        assert [c["name"] for c in table["columnDefinitions"]] == [
+            "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Age"
+        ]  # fmt: skip
+        (row,) = table["rows"]
+        cells: list[Any] = row["cells"]
+        return cells if cells[4] == 250 and cells[5] else None
+
+    cells = wait_for(table_row, what="a row with step 250 and a throughput")
+    assert cells[:5] == ["train", "Running", "2/2", 0, 250]
+    assert cells[5] > 0, "images per second, from the samples counted between two polls"
+    # every step took 30 ms: the median, read from the histogram as histogram_quantile does, is the
+    # middle of their bucket (25 ms, 50 ms]
+    assert cells[6] == "37.5ms"
     status = raw.status(namespace, "train")
     assert status["startTime"] and status["observedGeneration"] == 1
 

@@ -115,3 +115,21 @@ def test_stop_cancels_waiting_workers() -> None:
         assert len(queue) == 0
 
     run(scenario)
+
+
+def test_a_stopped_queue_starts_no_more_reconciles() -> None:
+    calls: list[Key] = []
+
+    async def scenario() -> None:
+        async def reconcile(key: Key) -> float | None:
+            calls.append(key)
+            return None
+
+        queue = WorkQueue(reconcile)
+        await queue.stop()
+        queue.enqueue(("ns", "a"))
+        await asyncio.sleep(0.01)
+        assert len(queue) == 0
+
+    run(scenario)
+    assert calls == []
