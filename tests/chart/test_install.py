@@ -44,6 +44,7 @@ class Release:
     core: Any
     custom: Any
     apps: Any
+    notes: str = ""  # what helm install printed
     seen: dict[str, Any] = field(default_factory=dict)  # what the training run observed, for the tests
 
     def helm(self, *args: str, check: bool = True) -> Any:
@@ -81,7 +82,9 @@ def release(cluster: Cluster, api_client: Any, local_node: LocalNode) -> Iterato
         apps=client.AppsV1Api(api_client),
     )
     try:
-        installed.helm("install", RELEASE, str(CHART), "--set", "dashboard.enabled=true", "--wait", "--timeout=5m")
+        installed.notes = installed.helm(
+            "install", RELEASE, str(CHART), "--set", "dashboard.enabled=true", "--wait", "--timeout=5m"
+        ).stdout
         yield installed
     finally:
         installed.helm("uninstall", RELEASE, "--wait", "--timeout=2m", check=False)
@@ -190,6 +193,8 @@ def test_helm_install_creates_the_crd_the_rbac_and_the_operator_deployment(relea
     assert binding.subjects[0].name == RELEASE
     deployment = release.apps.read_namespaced_deployment(RELEASE, release.namespace)
     assert deployment.status.ready_replicas == 1
+    assert f"rollout status deployment/{RELEASE}" in release.notes, "NOTES.txt tells how to check the operator"
+    assert f"The operator watches: {release.namespace}" in release.notes
 
 
 def test_the_operator_runs_as_a_pod_under_the_charts_service_account_in_a_restricted_namespace(
@@ -202,7 +207,7 @@ def test_the_operator_runs_as_a_pod_under_the_charts_service_account_in_a_restri
     assert pod.spec.service_account_name == RELEASE
     container = local_node.pod_dir(pod.metadata.uid) / "c-operator"
     env = json.loads((container / "env.json").read_text())
-    if "KUBECONFIG" in env:  # the local node's kubeconfig for the pod's own token, never the admin's
+    if env.get("KUBECONFIG"):  # the local node's kubeconfig for the pod's own token, never the admin's
         users = json.loads(Path(env["KUBECONFIG"]).read_text())["users"]
         assert [set(u["user"]) for u in users] == [{"tokenFile"}], users
         assert Path(users[0]["user"]["tokenFile"]).is_relative_to(local_node.pod_dir(pod.metadata.uid))
