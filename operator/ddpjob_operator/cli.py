@@ -74,9 +74,26 @@ def _run_cluster(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    from ddpjob_operator.report import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from ddpjob_operator.report import run
+
+    return run(args)
+
+
 COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "cluster": ("the cluster in a box for tests and demos (`ddpjob cluster up`)", _cluster_arguments, _run_cluster),
     "operator": ("run the operator (Kopf) against the cluster in KUBECONFIG", _operator_arguments, _run_operator),
+    "report": (
+        "PNG plots and a text summary of a job's training (step time, phases, throughput)",
+        _report_arguments,
+        _run_report,
+    ),
     "run": ("alias of `operator`", _operator_arguments, _run_operator),
 }
 

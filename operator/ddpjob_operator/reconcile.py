@@ -266,12 +266,12 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
         delete_pods=_deletable(obs.stale),
         events=tuple(events),
         requeue_after=_min(left, RESYNC_SECONDS),
-        poll=_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
+        poll=poll_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
 
 
-def _targets(job: Job, obs: Observation) -> tuple[Target, ...]:
+def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
     """Every process of every running pod of this attempt: pod i, process j is rank i * nproc + j."""
     spec = job.spec
     found: list[Target] = []

@@ -50,3 +50,13 @@ def test_namespaces_and_all_namespaces_exclude_each_other(capsys: pytest.Capture
 
 def test_a_subcommand_is_one_entry_in_the_table() -> None:
     assert {"operator", "run"} <= set(cli.COMMANDS)
+
+
+def test_progress_polling_is_bounded_by_flags(kopf_run: dict[str, Any]) -> None:
+    cli.main(["operator", "--progress-interval", "5", "--progress-timeout", "1", "--progress-concurrency", "8"])
+    memo = kopf_run["memo"]
+    assert (memo["progress_interval"], memo["progress_timeout"], memo["progress_concurrency"]) == (5, 1, 8)
+
+
+def test_report_is_a_subcommand() -> None:
+    assert "report" in cli.COMMANDS

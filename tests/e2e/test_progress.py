@@ -1,0 +1,202 @@
+"""Training progress end to end in the box: real 2-rank gloo DDP training under the operator, which
+polls each rank's /metrics by direct HTTP to the pod IP.
+
+- a slow rank is flagged by StragglerDetected (condition and Event naming the pod and its node)
+  within the window, and cleared once the slowdown stops;
+- a SIGSTOPped rank makes the job restart with reason NoProgress before the collective timeout;
+- `kubectl get ddpj` shows STEP, IMG/S and STEP-TIME during training;
+- `ddpjob report` writes PNGs of the expected series, from Prometheus and from the ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from ddpjob_box.box import LocalNode
+from ddpjob_box.prometheus import Prometheus
+from ddpjob_operator import report
+from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
+from tests.e2e.jobs import cpu_job
+from tests.e2e.kube import wait_for
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+PG_TIMEOUT = 300  # the trainer's default collective timeout, stated in the jobs below
+
+
+class Jobs:
+    def __init__(self, api_client: Any, namespace: str):
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def status(self, name: str) -> dict[str, Any]:
+        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        return dict(job.get("status") or {})
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), None)
+
+    def events(self, name: str, reason: str) -> list[Any]:
+        found = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e for e in found if e.reason == reason]
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, self.ns)
+
+    def wait_running(self, name: str, timeout: float) -> dict[str, Any]:
+        def running() -> dict[str, Any] | None:
+            status = self.status(name)
+            assert status.get("phase") != "Failed", f"job failed: {status}"
+            return status if status.get("phase") == "Running" else None
+
+        return wait_for(f"{name} to be Running (every rank joined)", running, timeout, interval=1)
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.fixture
+def jobs(api_client: Any, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(api_client, namespace)
+
+
+def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown_stops(
+    jobs: Jobs, kubectl: Kubectl, namespace: str
+) -> None:
+    window = 12
+    args = ["--steps", "100000", "--slow-rank", "1", "--slow-seconds", "0.25", "--slow-until-step", "150",
+            "--pg-timeout-seconds", str(PG_TIMEOUT)]  # fmt: skip
+    jobs.create(cpu_job("straggle", args=args, straggler={"factor": 3, "windowSeconds": window}))
+    running = jobs.wait_running("straggle", 240)
+    assert running["progress"]["joined"] == 2
+
+    def columns() -> dict[str, str] | None:
+        out = kubectl("get", "ddpj", "straggle", "-n", namespace).stdout.splitlines()
+        row = dict(zip(out[0].split(), out[1].split(), strict=False))
+        return row if row.get("STEP", "").isdigit() and int(row["STEP"]) > 0 and row.get("IMG/S") else None
+
+    row = wait_for("kubectl get ddpj to show STEP, IMG/S and STEP-TIME", columns, 60, interval=2)
+    assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "AGE"]
+    assert row["PHASE"] == "Running" and float(row["IMG/S"]) > 0 and row["STEP-TIME"].endswith("ms")
+
+    flagged = wait_for(
+        "StragglerDetected",
+        lambda: (c := jobs.condition("straggle", "StragglerDetected")) and c["status"] == "True" and c,
+        120,
+        interval=1,
+    )
+    node = jobs.pod("straggle-1").spec.node_name
+    assert flagged["message"].startswith(f"rank 1 (pod straggle-1 on node {node}) works ")
+    status = jobs.status("straggle")
+    since = _time(status["progress"]["straggler"]["since"])
+    # within the window: flagged once rank 1 has stayed slow for the window, at the next poll
+    assert (_time(flagged["lastTransitionTime"]) - since).total_seconds() <= window + window / 4 + 1
+    assert status["progress"]["slowestRank"] == 1
+    (event,) = jobs.events("straggle", "StragglerDetected")
+    assert event.type == "Warning" and f"pod straggle-1 on node {node}" in event.message
+
+    cleared = wait_for(
+        "StragglerDetected to clear after step 150",
+        lambda: (c := jobs.condition("straggle", "StragglerDetected")) and c["status"] == "False" and c,
+        150,
+        interval=1,
+    )
+    assert cleared["reason"] == "StragglerRecovered" and cleared["message"].startswith("rank 1 (pod straggle-1")
+    assert jobs.status("straggle")["progress"]["step"] > 150
+    assert len(jobs.events("straggle", "StragglerRecovered")) == 1
+
+
+def _trainer_pid(node: LocalNode, pod: Any) -> int:
+    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "pid"
+    wait_for(f"{pod.metadata.name}'s trainer process", path.exists, 60)
+    return int(path.read_text().split()[0])
+
+
+def test_a_sigstopped_rank_restarts_the_gang_with_reason_no_progress_before_the_collective_timeout(
+    jobs: Jobs, local_node: LocalNode
+) -> None:
+    args = ["--steps", "100000", "--pg-timeout-seconds", str(PG_TIMEOUT)]
+    jobs.create(cpu_job("hang", args=args, progressDeadlineSeconds=15, runPolicy={"backoffLimit": 1}))
+    jobs.wait_running("hang", 240)
+    wait_for("training to start", lambda: jobs.status("hang").get("progress", {}).get("step", 0) >= 3, 120)
+    victim = jobs.pod("hang-1")
+    os.kill(_trainer_pid(local_node, victim), signal.SIGSTOP)
+    stopped_at = time.monotonic()
+
+    events = wait_for("a NoProgress restart", lambda: jobs.events("hang", "NoProgress"), PG_TIMEOUT, interval=1)
+    assert time.monotonic() - stopped_at < PG_TIMEOUT, "the operator acted before the collective timeout"
+    message = events[0].message
+    assert "no rank advanced its step for 15s (spec.progressDeadlineSeconds=15)" in message
+    assert f"not answering: rank 1 (pod hang-1 on node {victim.spec.node_name})" in message
+    status = jobs.status("hang")
+    assert (status["restarts"], status["attempt"]) == (1, 1), "counted against backoffLimit"
+    jobs.wait_running("hang", 240)  # the next attempt's ranks join and train
+
+
+def test_ddpjob_report_writes_pngs_of_step_time_phases_and_throughput(
+    jobs: Jobs, namespace: str, cluster: Any, prometheus: Prometheus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs.create(cpu_job("rep", args=["--steps", "100000", "--slow-rank", "1", "--slow-seconds", "0.02"]))
+    jobs.wait_running("rep", 240)
+    wait_for("a few steps in Prometheus", lambda: prometheus.query(
+        f'ddp_step{{namespace="{namespace}", ddpjob="rep"}} > 20'), 120, interval=2)  # fmt: skip
+    time.sleep(10)  # a few more scrapes, for rates over time
+
+    data = report.from_prometheus(prometheus.url, namespace, "rep", time.time() - 120, time.time(), rate_window="10s")
+    _check_figures(report.figures(data), tmp_path / "prom", "rep")
+    assert data.phases["1"]["forward"] > data.phases["0"]["forward"], "rank 1 sleeps in its forward phase"
+
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpjob_operator", "report", "rep", "-n", namespace, "-o", str(out),
+         "--duration", "6", "--interval", "2"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"DDPJob {namespace}/rep: Running")
+    assert "source: endpoints" in proc.stdout and "rank 1 ms per step: data" in proc.stdout
+    for name in report.FIGURES:
+        _check_png(out / f"rep-{name}.png")
+    args = argparse.Namespace(job="rep", namespace=namespace, prometheus=prometheus.url, out=tmp_path / "cli-prom",
+                              duration=0, interval=1)  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    lines = report.report(args)
+    assert "source: prometheus" in lines[0] and lines[-1].endswith("rep-throughput.png")
+
+
+def _check_figures(figs: dict[str, Any], out: Path, job: str) -> None:
+    step = figs["step-time"].axes[0]
+    assert sorted(line.get_label() for line in step.get_lines()) == ["rank 0", "rank 1"]
+    assert all(len(line.get_xdata()) >= 2 for line in step.get_lines()), "a series over time per rank"
+    phases = figs["phases"].axes[0]
+    assert [t.get_text() for t in phases.get_legend().get_texts()] == ["data", "forward", "backward", "optimizer"]
+    assert [t.get_text() for t in phases.get_xticklabels()] == ["rank 0", "rank 1"]
+    (rate,) = figs["throughput"].axes[0].get_lines()
+    assert rate.get_label() == "samples/s (all ranks)" and max(rate.get_ydata()) > 0
+    for path in report.write(figs, out, job):
+        _check_png(path)
+
+
+def _check_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (800, 450) and len(data) > 10_000, f"{path}: {width}x{height}, {len(data)} bytes"
