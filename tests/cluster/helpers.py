@@ -51,6 +51,16 @@ def trainer_metrics(*, joined: bool = True, steps: int = 0, work: float = 0.01) 
 
 
 JOINED = trainer_metrics()
+HANG = "<hang>"
+"""A trainer that accepts the connection and never answers (SIGSTOPped)."""
+Trainer = str | Callable[[], str]
+"""What a fake trainer serves: fixed text, HANG, or text made afresh for each request (a trainer that trains)."""
+
+
+def training(*, work: float = 0.01, steps_per_second: float = 20.0) -> Callable[[], str]:
+    """A trainer that does ``steps_per_second`` steps of ``work`` seconds from now on."""
+    began = time.monotonic()
+    return lambda: trainer_metrics(steps=int((time.monotonic() - began) * steps_per_second), work=work)
 
 
 class FakeTrainers:
@@ -64,21 +74,26 @@ class FakeTrainers:
         self._prefix = f"127.{random.randint(1, 254)}"
         self._next = itertools.count()
         self._ips: dict[str, str] = {}
-        self._texts: dict[str, str] = {}
+        self._texts: dict[str, Trainer] = {}
         self._servers: list[ThreadingHTTPServer] = []
+        self._closed = threading.Event()
 
-    def serve(self, key: str, port: int, text: str) -> str:
+    def serve(self, key: str, port: int, text: Trainer) -> str:
         """Serve ``text`` for the pod ``key`` (its uid); returns the pod's IP."""
         self._texts[key] = text
         if key in self._ips:
             return self._ips[key]
         n = next(self._next)
         ip = f"{self._prefix}.{n // 250}.{n % 250 + 1}"
-        texts = self._texts
+        texts, closed = self._texts, self._closed
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = texts[key].encode()
+                trainer = texts.get(key, "")
+                if trainer == HANG:
+                    closed.wait()
+                    return
+                body = (trainer() if callable(trainer) else trainer).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -88,18 +103,21 @@ class FakeTrainers:
                 pass
 
         server = ThreadingHTTPServer((ip, port), Handler)
+        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._servers.append(server)
         self._ips[key] = ip
         return ip
 
     def close(self) -> None:
+        self._closed.set()
         for server in self._servers:
             server.shutdown()
             server.server_close()
         self._servers.clear()
         self._ips.clear()
         self._texts.clear()
+        self._closed = threading.Event()
 
 
 def free_port() -> int:
@@ -179,7 +197,7 @@ class Raw:
         self.delete(f"/api/v1/namespaces/{ns}/pods/{quote(name)}")
 
     def set_pod(self, ns: str, name: str, phase: str, *, exit_code: int | None = None, reason: str = "",
-                container: str = "trainer", trainer: str | None = JOINED) -> None:  # fmt: skip
+                container: str = "trainer", trainer: Trainer | None = JOINED) -> None:  # fmt: skip
         """Play the kubelet: report a phase and, optionally, how the trainer container ended.
 
         A Running pod also gets a trainer answering on its podIP with ``trainer`` (by default, a rank

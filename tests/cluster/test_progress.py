@@ -1,0 +1,86 @@
+"""Training progress against the real apiserver: the operator polls fake trainers (real HTTP on
+per-pod loopback IPs serving the trainer's own metrics registry) and writes what it sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import Operator
+from .helpers import HANG, Raw, trainer_metrics, training, wait_for
+from .test_lifecycle import condition, start
+
+pytestmark = pytest.mark.cluster
+
+
+def running_condition(raw: Raw, ns: str, name: str) -> Any:
+    return lambda: next((c for c in raw.status(ns, name).get("conditions", []) if c["type"] == "Running"), None)
+
+
+def test_the_job_shows_rendezvous_and_how_many_ranks_joined_until_every_rank_is_ready(
+    raw: Raw, namespace: str, operator: Operator
+) -> None:
+    start(raw, namespace)
+    raw.set_all(namespace, "train", "Running", trainer=trainer_metrics(joined=False))
+
+    def message(text: str) -> Any:
+        return lambda: (c := running_condition(raw, namespace, "train")()) and c["message"] == text and c
+
+    found = wait_for(message("0 of 2 ranks joined the process group"), what="rendezvous, nobody joined")
+    assert found["reason"] == "Rendezvous" and raw.status(namespace, "train")["phase"] == "Rendezvous"
+    raw.set_pod(namespace, "train-0", "Running")
+    wait_for(message("1 of 2 ranks joined the process group"), what="rank 0 joined")
+    assert raw.status(namespace, "train")["ready"] == "2/2", "both pods run: READY counts pods"
+    raw.set_pod(namespace, "train-1", "Running")
+    wait_for(lambda: raw.status(namespace, "train").get("phase") == "Running", what="Running")
+    assert condition(raw.status(namespace, "train"), "Running")["reason"] == "AllRanksRunning"
+
+
+def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
+    raw: Raw, namespace: str, operator: Operator
+) -> None:
+    start(raw, namespace, progressDeadlineSeconds=6)
+    raw.set_all(namespace, "train", "Running", trainer=training())
+    wait_for(lambda: raw.status(namespace, "train").get("progress", {}).get("step", 0) > 0, what="steps")
+    raw.set_pod(namespace, "train-0", "Running", trainer=trainer_metrics(steps=10**3))  # waits for rank 1...
+    raw.set_pod(namespace, "train-1", "Running", trainer=HANG)  # ...which answers no more
+
+    def silent() -> Any:
+        ranks = raw.status(namespace, "train").get("progress", {}).get("ranks", [])
+        return len(ranks) == 2 and ranks[1].get("error") and ranks
+
+    ranks = wait_for(silent, what="rank 1 shown as not answering")
+    assert ranks[1]["error"] == "no answer within 2s" and ranks[0]["step"] == 1000
+    status = wait_for(lambda: (s := raw.status(namespace, "train")).get("restarts") == 1 and s, what="a restart")
+    restarting = condition(status, "Restarting")
+    assert restarting["reason"] == "NoProgress"
+    assert "no rank advanced its step for 6s (spec.progressDeadlineSeconds=6)" in restarting["message"]
+    assert "not answering: rank 1 (pod train-1 on node unknown)" in restarting["message"]
+    assert "NoProgress" in [e["reason"] for e in raw.events(namespace, "train")]
+
+
+def test_a_slow_rank_is_flagged_with_an_event_and_cleared_when_it_recovers(
+    raw: Raw, namespace: str, operator: Operator
+) -> None:
+    start(raw, namespace, straggler={"factor": 3, "windowSeconds": 3})
+    raw.set_pod(namespace, "train-0", "Running", trainer=training())
+    raw.set_pod(namespace, "train-1", "Running", trainer=training(work=0.3))
+
+    def straggler(state: str) -> Any:
+        def check() -> Any:
+            found = [c for c in raw.status(namespace, "train").get("conditions", [])
+                     if c["type"] == "StragglerDetected" and c["status"] == state]  # fmt: skip
+            return found and found[0]
+
+        return check
+
+    flagged = wait_for(straggler("True"), what="StragglerDetected")
+    assert flagged["message"].startswith("rank 1 (pod train-1 on node unknown) works 0.3s per step, 30.0x the median")
+    (event,) = [e for e in raw.events(namespace, "train") if e["reason"] == "StragglerDetected"]
+    assert event["type"] == "Warning" and "pod train-1" in event["message"]
+    assert raw.status(namespace, "train")["progress"]["slowestRank"] == 1
+    raw.set_pod(namespace, "train-1", "Running", trainer=training())
+    cleared = wait_for(straggler("False"), what="StragglerDetected cleared")
+    assert cleared["reason"] == "StragglerRecovered"
+    assert "StragglerRecovered" in [e["reason"] for e in raw.events(namespace, "train")]
