@@ -65,11 +65,15 @@ def test_a_running_pod_is_ready_with_its_ip_and_the_downward_api(core: Any, name
     assert log.split() == [pod.status.pod_ip, "runner"]
 
 
-def _log(core: Any, pod: Any) -> str:
+def _pod_dir(pod: Any) -> Any:
     from tests.conftest import _BOX
 
     assert _BOX is not None and _BOX.node is not None
-    path = _BOX.node.pod_dir(pod.metadata.uid) / "c-main" / "log"
+    return _BOX.node.pod_dir(pod.metadata.uid)
+
+
+def _log(core: Any, pod: Any) -> str:
+    path = _pod_dir(pod) / "c-main" / "log"
     return path.read_text() if path.exists() else ""
 
 
@@ -243,10 +247,18 @@ def test_a_pod_with_a_service_account_gets_a_token_and_a_kubeconfig_that_work(co
         "    client.CoreV1Api().list_namespaced_secret(os.environ['NS'])\n"
         "except client.ApiException as err:\n"
         "    print('status', err.status, flush=True)\n"
+        "import ssl, urllib.request\n"
+        "sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n"
+        "ctx = ssl.create_default_context(cafile=f'{sa}/ca.crt')\n"
+        "auth = {'Authorization': 'Bearer ' + open(f'{sa}/token').read()}\n"
+        "request = urllib.request.Request('https://kubernetes.default.svc/api', headers=auth)\n"
+        "print('status', urllib.request.urlopen(request, context=ctx).status, flush=True)\n"
     )
     env = [{"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     core.create_namespaced_pod(namespace, python_pod("sa", code, container={"env": env}))
     wait_for("sa to succeed", lambda: pod_phase(core, "sa", namespace) == "Succeeded", 120)
     pod = core.read_namespaced_pod("sa", namespace)
     # The apiserver authenticated the token as the pod's ServiceAccount, which has no role: 403, not 401.
-    assert _log(core, pod).split() == ["status", "403", "status", "403"]
+    assert _log(core, pod).split() == ["status", "403", "status", "403", "status", "200"]
+    env_file = next(p for p in _pod_dir(pod).glob("c-main/env.json"))
+    assert '"KUBECONFIG": "/var/run/secrets/kubernetes.io/serviceaccount/kubeconfig"' in env_file.read_text()

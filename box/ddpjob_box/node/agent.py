@@ -8,6 +8,7 @@ restarted agent carries on with the processes that are already running.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from ddpjob_box.node.shim import process_start_time, same_process_alive, write_a
 from ddpjob_box.node.targets import write_targets
 
 LEASE_SECONDS = 40
+KUBECONFIG_FILE = "kubeconfig"  # written beside a pod's ServiceAccount token
 HEARTBEAT_SECONDS = 10
 PASS_SECONDS = 0.5
 RESTART_BACKOFF = 5.0
@@ -413,7 +415,7 @@ class Agent:
         except volumes.VolumeNotReady as err:
             self.patch_status(pod, record, waiting=("ContainerCreating", str(err)))
             return
-        kubeconfig = self.write_kubeconfig(pod, record, paths)
+        token_volume = self.write_kubeconfig(pod, paths)
         hostname = spec.get("hostname") or record.name
         net = self.network(record)
         net.create(hostname)
@@ -434,8 +436,11 @@ class Agent:
             cdir = record.dir / dirname
             cdir.mkdir(exist_ok=True)
             env = self.container_env(proc.env, record)
-            if kubeconfig is not None:
-                env.setdefault("KUBECONFIG", str(kubeconfig))
+            token_mount = next(
+                (m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] == token_volume), None
+            )
+            if token_mount is not None:
+                env.setdefault("KUBECONFIG", f"{token_mount}/{KUBECONFIG_FILE}")
             write_atomic(cdir / "env.json", json.dumps(env))
             write_atomic(
                 cdir / "argv.json", json.dumps(launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv))
@@ -443,29 +448,35 @@ class Agent:
         record.started_at = time.time()
         record.save()
 
-    def write_kubeconfig(self, pod: Mapping[str, Any], record: PodRecord, paths: Mapping[str, Path]) -> Path | None:
-        """A kubeconfig for the pod's ServiceAccount token, for programs that read KUBECONFIG over in-cluster."""
+    def write_kubeconfig(self, pod: Mapping[str, Any], paths: Mapping[str, Path]) -> str | None:
+        """Put a kubeconfig for the pod's ServiceAccount token into that token's volume; return the volume's name.
+
+        It is self-contained (token and CA inline), so it works wherever the volume is mounted,
+        for programs that read KUBECONFIG rather than the in-cluster files.
+        """
         for volume in pod["spec"].get("volumes") or []:
             sources = (volume.get("projected") or {}).get("sources") or []
             token = next((s["serviceAccountToken"]["path"] for s in sources if "serviceAccountToken" in s), None)
             if token is None:
                 continue
+            directory = paths[volume["name"]]
             server = f"https://{self.s.bridge.gateway}:{self.s.apiserver_port}"
+            ca = base64.b64encode(self.s.ca_file.read_bytes()).decode()
             config = {
                 "apiVersion": "v1",
                 "kind": "Config",
                 "current-context": "pod",
-                "clusters": [
-                    {"name": "box", "cluster": {"server": server, "certificate-authority": str(self.s.ca_file)}}
-                ],
-                "users": [{"name": "sa", "user": {"tokenFile": str(paths[volume["name"]] / token)}}],
+                "clusters": [{"name": "box", "cluster": {"server": server, "certificate-authority-data": ca}}],
+                "users": [{"name": "sa", "user": {"token": (directory / token).read_text()}}],
                 "contexts": [
-                    {"name": "pod", "context": {"cluster": "box", "user": "sa", "namespace": record.namespace}}
+                    {
+                        "name": "pod",
+                        "context": {"cluster": "box", "user": "sa", "namespace": pod["metadata"]["namespace"]},
+                    }
                 ],
             }
-            path = record.dir / "kubeconfig"
-            write_atomic(path, json.dumps(config))
-            return path
+            write_atomic(directory / KUBECONFIG_FILE, json.dumps(config))
+            return str(volume["name"])
         return None
 
     def container_env(self, env: dict[str, str], record: PodRecord) -> dict[str, str]:
@@ -726,10 +737,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     settings.bridge.create()
     agent = Agent(settings, config.new_client_from_config(config_file=args.kubeconfig))
-    proxy = threading.Thread(
-        target=serve_apiserver_proxy, args=(settings.bridge.gateway, args.apiserver_port), daemon=True
-    )
-    proxy.start()
+    # Pods reach the apiserver at KUBERNETES_SERVICE_HOST:PORT, and at kubernetes.default.svc:443 as some
+    # clients assume (Kopf's in-cluster login does).
+    for listen in (args.apiserver_port, 443):
+        threading.Thread(
+            target=serve_apiserver_proxy, args=(settings.bridge.gateway, listen, args.apiserver_port), daemon=True
+        ).start()
     agent.adopt()
     agent.register()
     signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
@@ -738,10 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def serve_apiserver_proxy(host: str, port: int) -> None:
-    """Forward <bridge gateway>:<port> to the apiserver on loopback, so pods reach it from their namespaces."""
-    listener = socket.create_server((host, port), reuse_port=False)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def serve_apiserver_proxy(host: str, listen: int, port: int) -> None:
+    """Forward <bridge gateway>:<listen> to the apiserver on loopback <port>, for pods in their namespaces."""
+    listener = socket.create_server((host, listen))
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=_pipe_pair, args=(conn, port), daemon=True).start()
