@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboards import generate
 
+from dashboards import generate
 from tests.chart.helm import (
     CHART,
     DASHBOARD,
