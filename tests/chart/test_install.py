@@ -208,9 +208,11 @@ def test_the_operator_runs_as_a_pod_under_the_charts_service_account_in_a_restri
     container = local_node.pod_dir(pod.metadata.uid) / "c-operator"
     env = json.loads((container / "env.json").read_text())
     if env.get("KUBECONFIG"):  # the local node's kubeconfig for the pod's own token, never the admin's
-        users = json.loads(Path(env["KUBECONFIG"]).read_text())["users"]
-        assert [set(u["user"]) for u in users] == [{"tokenFile"}], users
-        assert Path(users[0]["user"]["tokenFile"]).is_relative_to(local_node.pod_dir(pod.metadata.uid))
+        token_dir = Path(env["KUBECONFIG"]).parent
+        volume = next(m.name for m in pod.spec.containers[0].volume_mounts if m.mount_path == str(token_dir))
+        on_node = local_node.pod_dir(pod.metadata.uid) / "volumes" / volume
+        users = json.loads((on_node / Path(env["KUBECONFIG"]).name).read_text())["users"]
+        assert [u["user"] for u in users] == [{"token": (on_node / "token").read_text()}]
     argv = json.loads((container / "argv.json").read_text())
     command = ["ddpjob", "operator", f"--namespace={release.namespace}"]
     assert any(argv[i : i + 3] == command for i in range(len(argv))), argv

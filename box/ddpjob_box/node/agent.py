@@ -115,7 +115,7 @@ class PodRecord:
     key: str
     address: str
     dir: Path
-    created_dirs: list[str] = field(default_factory=list)
+    mount_targets: list[str] = field(default_factory=list)
     started_at: float = 0.0
     terminating_since: float = 0.0
     stopped: bool = False
@@ -156,6 +156,7 @@ class Agent:
         self.records: dict[str, PodRecord] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # the latest listing, by uid
         self.sent: dict[str, dict[str, Any]] = {}  # the last status patched, by uid
+        self.mountpoints = volumes.MountPoints(settings.state_dir / "mountpoints.json")
         self.pods_dir = settings.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.stop_event = threading.Event()
@@ -429,9 +430,10 @@ class Agent:
                 if m.get("subPath"):
                     source = source / m["subPath"]
                     source.mkdir(parents=True, exist_ok=True)
-                for missing in volumes.missing_ancestors(Path(m["mountPath"])):
-                    missing.mkdir(exist_ok=True)
-                    record.created_dirs.append(str(missing))
+                # Recorded before any directory is made: a mount point in use is never swept.
+                record.mount_targets.append(m["mountPath"])
+                record.save()
+                self.mountpoints.make(Path(m["mountPath"]))
                 mounts.append(Mount(str(source), m["mountPath"], bool(m.get("readOnly"))))
             cdir = record.dir / dirname
             cdir.mkdir(exist_ok=True)
@@ -582,9 +584,9 @@ class Agent:
     def release(self, record: PodRecord) -> None:
         """The pod's processes are done: free its network and mount points, keep its record."""
         self.network(record).delete()
-        volumes.remove_created(record.created_dirs)
         record.stopped = True
         record.save()
+        self.sweep_mountpoints()
 
     def forget(self, record: PodRecord) -> None:
         for c in record.all_containers():
@@ -593,10 +595,14 @@ class Agent:
         while any(c.running() for c in record.all_containers()) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.network(record).delete()
-        volumes.remove_created(record.created_dirs)
         shutil.rmtree(record.dir, ignore_errors=True)
         self.records.pop(record.uid, None)
         self.sent.pop(record.uid, None)
+        self.sweep_mountpoints()
+
+    def sweep_mountpoints(self) -> None:
+        in_use = [t for r in self.records.values() if not r.stopped for t in r.mount_targets]
+        self.mountpoints.sweep(in_use)
 
     def patch_status(self, pod: dict[str, Any], record: PodRecord, waiting: tuple[str, str] | None = None) -> None:
         body = pod_status(pod, record, self.s.bridge.gateway, waiting)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ddpjob_box.node.agent import PodRecord
 from ddpjob_box.node.network import NETNS_ETC, Bridge, ip, namespaces_with_prefix
-from ddpjob_box.node.volumes import remove_created
+from ddpjob_box.node.volumes import MountPoints
 
 
 def teardown(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
@@ -27,8 +27,7 @@ def teardown(state_dir: Path, bridge: Bridge, netns_prefix: str) -> None:
         for child in etc.iterdir():
             child.unlink()
         etc.rmdir()
-    for record in records:
-        remove_created(record.created_dirs)
+    MountPoints(state_dir / "mountpoints.json").sweep(in_use=[])
     bridge.delete()
 
 

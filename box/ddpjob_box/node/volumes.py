@@ -9,6 +9,7 @@ token among them) are written as files.
 from __future__ import annotations
 
 import base64
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -102,20 +103,46 @@ def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode(errors="replace") for k, v in (data or {}).items()}
 
 
-def missing_ancestors(path: Path) -> list[Path]:
-    """The directories that must be made for ``path`` to exist, outermost first."""
-    missing = []
-    current = path
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    return list(reversed(missing))
+class MountPoints:
+    """The directories the node made on the host for mount points, shared by every pod that mounts there.
 
+    They are removed only once no running pod mounts at or below them, so one pod ending never pulls
+    a mount point from under another that is still starting. The list survives agent restarts.
+    """
 
-def remove_created(dirs: list[str]) -> None:
-    """Remove mount points the node made, innermost first, only while empty."""
-    for path in sorted(dirs, key=len, reverse=True):
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
+    def __init__(self, path: Path):
+        self.path = path
+        self.made: list[str] = json.loads(path.read_text()) if path.exists() else []
+
+    def make(self, target: Path) -> None:
+        missing = []
+        current = target
+        while not current.exists():
+            missing.append(current)
+            current = current.parent
+        for directory in reversed(missing):
+            directory.mkdir(exist_ok=True)
+            if str(directory) not in self.made:
+                self.made.append(str(directory))
+        self._save()
+
+    def sweep(self, in_use: list[str]) -> None:
+        kept = []
+        for directory in sorted(self.made, key=len, reverse=True):
+            used = any(t == directory or t.startswith(directory.rstrip("/") + "/") for t in in_use)
+            if not used:
+                try:
+                    os.rmdir(directory)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    used = True  # not empty: something else put files there; leave it
+            if used:
+                kept.append(directory)
+        self.made = kept
+        self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.made))
+        os.replace(tmp, self.path)
