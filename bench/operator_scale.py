@@ -159,14 +159,15 @@ class OperatorProcess:
     before and after the load: the server thread idles between those two scrapes.
     """
 
-    def __init__(self, kubeconfig: Path, log_path: Path, executor_threads: int = 0) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, workers: int = 0) -> None:
         self.log_path = log_path
         self.metrics_port = free_port()
-        module = "bench.operator_whatif" if executor_threads else "ddpjob_operator"
-        argv = [sys.executable, "-m", module, "operator", "--all-namespaces",
+        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces",
                 "--metrics-port", str(self.metrics_port), "--liveness", ""]  # fmt: skip
+        if workers:
+            argv += ["--workers", str(workers)]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
-               "BENCH_OPERATOR_THREADS": str(executor_threads), "PYTHONPATH": str(REPO)}  # fmt: skip
+               "PYTHONPATH": str(REPO)}  # fmt: skip
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -370,8 +371,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on jobs not done this long after")
     parser.add_argument("--profile", action="store_true", help="record the operator with py-spy during the load")
     parser.add_argument(
-        "--executor-threads", type=int, default=0,
-        help="what-if: run the operator with this many reconcile threads (bench.operator_whatif); 0: as shipped",
+        "--workers", type=int, default=0,
+        help="the operator's --workers (reconciles in flight at once); 0: its default",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
     args = parser.parse_args(argv)
@@ -391,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for ns in ("bench-warmup", "bench-scale"):
             client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
         args.out.mkdir(parents=True, exist_ok=True)
-        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log", args.executor_threads)
+        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log", args.workers)
         watch = PodWatch(client, args.replicas)
         try:
             started = time.monotonic()
@@ -479,8 +480,8 @@ def report(
     during: dict[tuple[str, str], apiserver.Histogram],
 ) -> str:
     offered = f"{args.rate:g} jobs/s offered" if args.rate else "created as fast as possible"
-    if args.executor_threads:
-        offered += f", WHAT-IF operator with {args.executor_threads} reconcile threads (bench shim)"
+    if args.workers:
+        offered += f", operator with --workers {args.workers}"
     rows = [
         ["jobs with all pods created", f"{f['done']} / {f['jobs']}", "", ""],
         ["create -> all pods created, p50", f"{f['p50_s']:.2f} s", "", ""],

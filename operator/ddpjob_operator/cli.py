@@ -35,6 +35,10 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress-concurrency", type=int, default=32, metavar="N", help="scrapes in flight at once, all jobs together"
     )
+    parser.add_argument(
+        "--workers", type=int, default=16, metavar="N",
+        help="reconciles in flight at once, all jobs together (each mostly waits on the apiserver)",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log every reconcile")
 
 
@@ -57,6 +61,8 @@ def _run_operator(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
             progress_timeout=args.progress_timeout,
             progress_concurrency=args.progress_concurrency,
+            workers=args.workers,
+            namespaces=list(args.namespace),
         ),
     )
     return 0

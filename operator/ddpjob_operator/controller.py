@@ -8,8 +8,10 @@ prefix of this sequence converges to the same end state.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future, wait
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -26,6 +28,9 @@ log = logging.getLogger("ddpjob_operator")
 OWNED_STATUS = frozenset(JobStatus().to_dict())
 REASON_POD_CREATE_FAILED = "PodCreateFailed"
 REASON_INVALID_POD = "InvalidPodTemplate"
+CREATE_PARALLELISM = 8
+"""Pods of one job created at once. A crash mid-wave leaves at most one wave's pods: harmless, as
+creates are create-if-absent and the status (written first) says which attempt they belong to."""
 
 
 class Progress(Protocol):
@@ -36,25 +41,89 @@ class Progress(Protocol):
     def track(self, key: tuple[str, str], attempt: int, targets: tuple[Target, ...], interval: float) -> None: ...
 
 
+class Bodies:
+    """The newest body of each job seen (watch events, our own status writes): saves a GET per reconcile.
+
+    It may lag, never lead: watch events arrive in order, each wakes the job's worker, and our own
+    write is kept only if no event came in since the body it was based on. A lagging body is
+    harmless: the status write carries its resourceVersion and fails, and a plan that would act
+    without writing the status reads the job again first.
+    """
+
+    def __init__(self) -> None:
+        self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        return self._bodies.get(key)
+
+    def put(self, key: tuple[str, str], body: dict[str, Any]) -> None:
+        """From the watch: the newest by definition."""
+        with self._lock:
+            self._bodies[key] = body
+
+    def wrote(self, key: tuple[str, str], seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
+        """Our write of ``seen`` (None: read with a GET) answered ``written``."""
+        with self._lock:
+            if self._bodies.get(key) is seen:
+                self._bodies[key] = written
+
+    def drop(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._bodies.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if k in OWNED_STATUS and v is not None}
 
 
 def reconcile(
-    kube: Kube, namespace: str, name: str, now: datetime | None = None, progress: Progress | None = None
+    kube: Kube,
+    namespace: str,
+    name: str,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+    *,
+    bodies: Bodies | None = None,
+    creates: Executor | None = None,
+    events: Executor | None = None,
 ) -> float | None:
-    """Reconcile once; returns seconds until the job needs another look (None: only on events)."""
+    """Reconcile once; returns seconds until the job needs another look (None: only on events).
+
+    ``creates``: threads to create a job's pods in parallel (else one after another); ``events``:
+    threads to post Events without waiting for them (else inline).
+    """
     started = time.perf_counter()
     try:
-        return _reconcile(kube, namespace, name, now or datetime.now(UTC), progress)
+        return _reconcile(kube, namespace, name, now or datetime.now(UTC), progress, bodies, creates, events)
     finally:
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def _reconcile(kube: Kube, namespace: str, name: str, now: datetime, progress: Progress | None) -> float | None:
+def _acts(the_plan: Plan) -> bool:
+    return bool(the_plan.create_ranks or the_plan.delete_pods or the_plan.delete_job or the_plan.events
+                or the_plan.create_service)  # fmt: skip
+
+
+def _reconcile(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    now: datetime,
+    progress: Progress | None,
+    bodies: Bodies | None,
+    creates: Executor | None,
+    events: Executor | None,
+) -> float | None:
     key = (namespace, name)
-    body = kube.get_job(namespace, name)
+    cached = bodies.get(key) if bodies is not None else None
+    body = cached if cached is not None else kube.get_job(namespace, name)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+        if bodies is not None:
+            bodies.drop(key)
         if progress is not None:
             progress.track(key, 0, (), 0.0)
         return None  # gone or going: owner references let the garbage collector take the children
@@ -69,13 +138,25 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime, progress: P
         pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
         the_plan = plan(job, old, pods, now, progress.scrapes(key) if progress is not None else ())
     try:
-        if not _write_status(kube, body, old, the_plan.status):
-            return 0.0  # someone wrote in between: look again at once
+        written = _write_status(kube, body, old, the_plan.status)
     except KubeError as err:
         if err.status == 404:
+            if bodies is not None:
+                bodies.drop(key)
             return None  # deleted since we read it
         raise
-    _post_events(kube, body, the_plan.status.attempt, the_plan.events, now)
+    if bodies is not None:
+        if written is None or (written is cached and _acts(the_plan)):
+            bodies.drop(key)  # stale, or not known to be current: act only on a body just read or written
+            return 0.0
+        if written is not body:
+            bodies.wrote(key, cached, written)
+    if written is None:
+        return 0.0  # someone wrote in between: look again at once
+    if events is not None and the_plan.events:
+        events.submit(_post_events, kube, body, the_plan.status.attempt, the_plan.events, now)
+    else:
+        _post_events(kube, body, the_plan.status.attempt, the_plan.events, now)
     if progress is not None:
         progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
     if job is None:
@@ -86,9 +167,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime, progress: P
     if the_plan.create_service:
         kube.create(builders.service(job))
     try:
-        for rank in the_plan.create_ranks:
-            kube.create(builders.pod(job, rank, the_plan.status.attempt))
-            faults.point("pod-created")
+        _create_pods(kube, job, the_plan.status.attempt, the_plan.create_ranks, creates)
     except KubeError as err:
         return _create_failed(kube, body, job, the_plan, err, now)
     if the_plan.delete_job:
@@ -97,22 +176,41 @@ def _reconcile(kube: Kube, namespace: str, name: str, now: datetime, progress: P
     return the_plan.requeue_after
 
 
-def _write_status(kube: Kube, body: dict[str, Any], old: JobStatus, new: JobStatus) -> bool:
+def _create_pods(kube: Kube, job: Job, attempt: int, ranks: tuple[int, ...], pool: Executor | None) -> None:
+    """Create if absent, in waves of CREATE_PARALLELISM on ``pool``; raises the lowest rank's error."""
+
+    def create(rank: int) -> None:
+        kube.create(builders.pod(job, rank, attempt))
+        faults.point("pod-created")
+
+    if pool is None:
+        for rank in ranks:
+            create(rank)
+        return
+    for start in range(0, len(ranks), CREATE_PARALLELISM):
+        wave: list[Future[None]] = [pool.submit(create, r) for r in ranks[start : start + CREATE_PARALLELISM]]
+        wait(wave)
+        for future in wave:
+            future.result()
+
+
+def _write_status(kube: Kube, body: dict[str, Any], old: JobStatus, new: JobStatus) -> dict[str, Any] | None:
+    """The job as it now stands (``body`` itself when nothing changed); None when someone wrote in between."""
     raw = body.get("status") or {}
     wanted = _owned(new.to_dict())
     if _owned(raw) == wanted:
-        return True
+        return body
     updated = {**body, "status": {**{k: v for k, v in raw.items() if k not in OWNED_STATUS}, **wanted}}
     try:
-        kube.replace_job_status(updated)
+        written = kube.replace_job_status(updated)
     except Conflict:
-        return False
+        return None
     _count_transition(old, new)
     meta = body["metadata"]
     if old.phase != new.phase or old.attempt != new.attempt:
         log.info("%s/%s: %s -> %s (attempt %d, restarts %d)", meta["namespace"], meta["name"],
                  old.phase.value or "new", new.phase.value, new.attempt, new.restarts)  # fmt: skip
-    return True
+    return written or updated
 
 
 def _count_transition(old: JobStatus, new: JobStatus) -> None:

@@ -7,15 +7,17 @@ waits for the operator, and owner references let the garbage collector remove th
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
 from ddpjob_operator import api, metrics
-from ddpjob_operator.controller import reconcile
+from ddpjob_operator.controller import Bodies, reconcile
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import Key, WorkQueue
@@ -24,11 +26,22 @@ from ddpjob_operator.workqueue import Key, WorkQueue
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events describe transitions
-    kube = Kube()
+    # Kopf scans namespaces and CRDs to expand globs; a plain list needs no scan, and the namespaced
+    # chart grants no cluster-wide list rights (it would log Forbidden on every try).
+    namespaces = list(memo.get("namespaces") or [])
+    settings.scanning.disabled = bool(namespaces) and not any(c in ns for ns in namespaces for c in "*?[!")
+    # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
+    workers = int(memo.get("workers") or 16)
+    sizes = {"reconcile": workers, "create": 2 * workers, "event": max(2, workers // 4)}
+    reconciles, creates, events = memo.pools = [ThreadPoolExecutor(n, thread_name_prefix=k) for k, n in sizes.items()]
+    kube = Kube(connections=sum(sizes.values()))
+    bodies = memo.bodies = Bodies()
+    loop = asyncio.get_running_loop()
 
     async def run(key: Key) -> float | None:
+        call = functools.partial(reconcile, kube, *key, progress=poller, bodies=bodies, creates=creates, events=events)
         try:
-            return await asyncio.to_thread(reconcile, kube, *key, progress=poller)
+            return await loop.run_in_executor(reconciles, call)
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise  # the work queue logs it and retries with backoff
@@ -61,12 +74,19 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.poller.stop()  # first: each poll wakes a worker
     await memo.queue.stop()
+    for pool in memo.pools:
+        pool.shutdown(wait=False, cancel_futures=True)
     memo.kube.close()
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def job_event(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo.queue.enqueue((namespace or "", name))
+async def job_event(namespace: str | None, name: str, event: Mapping[str, Any], memo: Any, **_: Any) -> None:
+    key = (namespace or "", name)
+    if event.get("type") == "DELETED":
+        memo.bodies.drop(key)
+    elif isinstance(event.get("object"), dict):
+        memo.bodies.put(key, event["object"])  # the reconcile starts from it instead of a GET
+    memo.queue.enqueue(key)
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGED_BY, api.LABEL_JOB_NAME: kopf.PRESENT})

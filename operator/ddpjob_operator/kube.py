@@ -27,19 +27,24 @@ class Conflict(KubeError):
     """The object changed since we read it (or already exists)."""
 
 
-def _client_from_environment() -> Any:
+def _client_from_environment(connections: int) -> Any:
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
-    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+    else:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    # One keep-alive connection per thread that calls us; urllib3 discards (and reopens) any beyond it.
+    configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 class Kube:
-    def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0) -> None:
-        self._api = api_client if api_client is not None else _client_from_environment()
+    """``connections``: how many threads may call at once without reopening connections."""
+
+    def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4) -> None:
+        self._api = api_client if api_client is not None else _client_from_environment(connections)
         self._timeout = timeout
 
     def close(self) -> None:

@@ -55,6 +55,7 @@ RENDEZVOUS_POLL_SECONDS = 2.0
 class Plan:
     status: JobStatus
     create_service: bool = False
+    """Create the job's headless Service if absent: planned with the pods of each attempt."""
     create_ranks: tuple[int, ...] = ()
     """Ranks of ``status.attempt`` to create if absent."""
     delete_pods: tuple[PodView, ...] = ()
@@ -261,7 +262,7 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
     left = deadline.seconds_left(status.start_time, rp.active_deadline_seconds, now)
     return Plan(
         status=summarize(status, obs, spec.replicas),
-        create_service=True,
+        create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),
         events=tuple(events),

@@ -35,6 +35,13 @@ def test_the_scope_is_a_list_of_namespaces_or_all(
     assert kopf_run["standalone"] is True
 
 
+def test_the_number_of_reconcile_workers_is_a_flag_with_a_default(kopf_run: dict[str, Any]) -> None:
+    cli.main(["operator"])
+    assert kopf_run["memo"]["workers"] == 16
+    cli.main(["operator", "--workers", "64"])
+    assert kopf_run["memo"]["workers"] == 64
+
+
 def test_metrics_and_liveness_can_be_moved_or_turned_off(kopf_run: dict[str, Any]) -> None:
     cli.main(["operator", "--metrics-port", "0", "--liveness", ""])
     assert kopf_run["liveness_endpoint"] is None and kopf_run["memo"]["metrics_port"] == 0

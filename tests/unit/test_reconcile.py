@@ -121,9 +121,10 @@ def test_a_new_job_is_pending_and_gets_a_service_and_one_pod_per_rank() -> None:
     assert c.status.phase is Phase.PENDING and c.status.start_time == T0
     assert c.condition("Created")[:2] == (True, "Created")
     assert c.events == ["Created"]
-    c.step()
+    p = c.step()
     assert c.status.launched_attempt == 0
     assert c.events == ["Created", "AttemptLaunched"]
+    assert not p.create_service, "the Service comes with each attempt's pods, not with every reconcile"
 
 
 def test_the_job_runs_once_every_rank_has_joined_the_process_group_not_merely_once_its_pods_run() -> None:

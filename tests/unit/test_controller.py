@@ -1,0 +1,87 @@
+"""The controller's calls: a cached body saves the GET, pods go out in parallel, and a body not
+known to be current is read again before the reconcile acts on it."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ddpjob_operator.controller import Bodies, reconcile
+
+from . import factories
+
+KEY = ("ns", "train")
+
+
+class FakeKube:
+    """Records every call; pods it creates are never listed (as if another actor deleted them)."""
+
+    def __init__(self, replicas: int) -> None:
+        self.job = factories.body(replicas=replicas)
+        self.job["metadata"]["resourceVersion"] = "1"
+        self.calls: list[str] = []
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _call(self, what: str) -> None:
+        with self._lock:
+            self.calls.append(what)
+            self.threads.add(threading.current_thread().name.split("_")[0])
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        self._call("GET job")
+        return self.job
+
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        self._call("LIST pods")
+        return []
+
+    def replace_job_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._call("PUT status")
+        rv = str(int(body["metadata"]["resourceVersion"]) + 1)
+        self.job = {**body, "metadata": {**body["metadata"], "resourceVersion": rv}}
+        return self.job
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        self._call(f"POST {obj['kind']}")
+        return True
+
+
+def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get() -> None:
+    kube = FakeKube(replicas=4)
+    bodies = Bodies()
+    bodies.put(KEY, kube.job)
+    with ThreadPoolExecutor(8, thread_name_prefix="create") as creates, ThreadPoolExecutor(1) as events:
+        assert reconcile(kube, *KEY, bodies=bodies, creates=creates, events=events) is not None  # type: ignore[arg-type]
+    assert kube.calls[:2] == ["LIST pods", "PUT status"] and "GET job" not in kube.calls
+    pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
+    assert kube.calls.index("POST Service") < min(pods), "the Service first: a crash never leaves pods without it"
+    assert kube.calls.count("POST Pod") == 4 and kube.calls.count("POST Service") == 1
+    assert "create" in kube.threads, "pods are created on the create pool"
+    assert bodies.get(KEY) is kube.job, "the status write's answer is the newest body"
+
+
+def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_first() -> None:
+    kube = FakeKube(replicas=2)
+    bodies = Bodies()
+    bodies.put(KEY, kube.job)
+    reconcile(kube, *KEY, bodies=bodies)  # type: ignore[arg-type]
+    kube.calls.clear()
+
+    assert reconcile(kube, *KEY, bodies=bodies) == 0.0  # type: ignore[arg-type]
+    assert kube.calls == ["LIST pods"], "the pods are missing again, but the cached body may be stale: no creates"
+    assert bodies.get(KEY) is None
+    reconcile(kube, *KEY, bodies=bodies)  # type: ignore[arg-type]
+    assert kube.calls[1:3] == ["GET job", "LIST pods"] and kube.calls.count("POST Pod") == 2
+
+
+def test_our_own_write_never_replaces_a_body_the_watch_delivered_meanwhile() -> None:
+    bodies = Bodies()
+    seen, written, newer = {"rv": "1"}, {"rv": "2"}, {"rv": "3"}
+    bodies.put(KEY, seen)
+    bodies.wrote(KEY, seen, written)
+    assert bodies.get(KEY) is written
+    bodies.put(KEY, newer)
+    bodies.wrote(KEY, written, {"rv": "2'"})
+    assert bodies.get(KEY) is newer, "the user's change that came in during the reconcile is kept"
