@@ -117,3 +117,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if getattr(report, "failed", False) and _BOX is not None:
         report.sections.append(("box logs (tails)", _BOX.log_tails()))  # type: ignore[attr-defined]
     return report  # type: ignore[no-any-return]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that need no node run first: once the local node is up, it would run the pods that cluster
+    tests drive by hand. A stable sort keeps every other order as collected."""
+    items.sort(key=lambda item: "local_node" in getattr(item, "fixturenames", ()))
