@@ -7,6 +7,7 @@ When a test fails, the tail of every component's log is attached to its report.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,14 @@ import pytest
 from ddpjob_box.box import Box, LocalNode
 from ddpjob_box.errors import BoxError
 from ddpjob_box.prometheus import Prometheus
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, say) takes the Ctrl-C path, so fixtures still tear the box down.
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
