@@ -9,7 +9,7 @@ notes the time. So the window holds whole iterations of the trainer's loop, its 
 included, measured by the same clock as the plain loop's. Rank 0 emits one ``BENCH_RESULT`` line.
 
 ``--stub-instrumentation`` replaces the step timer and the metrics recording with no-ops, to
-measure what they cost; the trainer has no switch for that (see bench/README.md).
+measure what they cost; the trainer has no switch for that (see README.md, "Benchmarks").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trainer README documents every option, exit code and metric the code defines."""
+"""The README documents every option, exit code and metric the code defines."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ddp_trainer import config, errors, metric_names
 
-README = Path(__file__).resolve().parents[2] / "trainer" / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_readme_lists_every_option_with_its_env_variable() -> None:
