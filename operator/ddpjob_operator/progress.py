@@ -30,7 +30,8 @@ MIN_EXCESS_SECONDS = 0.005
 """A straggler's work time must also exceed the others' median by this much: ignore jitter of fast steps."""
 
 
-def _time(value: Any) -> datetime | None:
+def to_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API, as an aware datetime; None for anything else."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -40,7 +41,7 @@ def _time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _stamp(value: datetime | None) -> str | None:
+def from_time(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
@@ -246,14 +247,14 @@ class ProgressStatus:
             "stepTime": human_seconds(self.step_time_p50),
             "windowSeconds": self.window_seconds,
             "slowestRank": self.slowest_rank,
-            "lastProgressTime": _stamp(self.last_progress_time),
-            "observedTime": _stamp(self.observed_time),
+            "lastProgressTime": from_time(self.last_progress_time),
+            "observedTime": from_time(self.observed_time),
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.ranks:
             out["ranks"] = [r.to_dict() for r in self.ranks]
         if self.straggler:
-            out["straggler"] = {"rank": self.straggler.rank, "since": _stamp(self.straggler.since)}
+            out["straggler"] = {"rank": self.straggler.rank, "since": from_time(self.straggler.since)}
         return out
 
     @staticmethod
@@ -261,7 +262,7 @@ class ProgressStatus:
         if not isinstance(raw, Mapping):
             return None
         straggler = raw.get("straggler")
-        since = _time(straggler.get("since")) if isinstance(straggler, Mapping) else None
+        since = to_time(straggler.get("since")) if isinstance(straggler, Mapping) else None
         return ProgressStatus(
             attempt=_int(raw.get("attempt")) or 0,
             joined=_int(raw.get("joined")) or 0,
@@ -271,8 +272,8 @@ class ProgressStatus:
             step_time_p50=_float(raw.get("stepTimeSeconds")),
             window_seconds=_float(raw.get("windowSeconds")),
             slowest_rank=_int(raw.get("slowestRank")),
-            last_progress_time=_time(raw.get("lastProgressTime")),
-            observed_time=_time(raw.get("observedTime")),
+            last_progress_time=to_time(raw.get("lastProgressTime")),
+            observed_time=to_time(raw.get("observedTime")),
             ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
             straggler=(
                 Straggler(rank=_int(straggler.get("rank")) or 0, since=since)

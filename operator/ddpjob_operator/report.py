@@ -276,8 +276,9 @@ def report(args: argparse.Namespace) -> list[str]:
         raise ReportError("matplotlib is missing: pip install 'ddpjob[operator]'") from None
     from ddpjob_operator.api import SpecError, parse_job
     from ddpjob_operator.kube import Kube
+    from ddpjob_operator.progress import to_time
     from ddpjob_operator.reconcile import poll_targets
-    from ddpjob_operator.status import observe, parse_status, pod_view, to_time
+    from ddpjob_operator.status import observe, parse_status, pod_view
 
     kube = Kube()
     try:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from ddpjob_operator import api
-from ddpjob_operator.progress import ProgressStatus
+from ddpjob_operator.progress import ProgressStatus, from_time, to_time
 
 
 class Phase(StrEnum):
@@ -53,20 +53,6 @@ REASON_RENDEZVOUS = "Rendezvous"
 REASON_NO_PROGRESS = "NoProgress"
 REASON_STRAGGLER = "StragglerDetected"
 REASON_STRAGGLER_RECOVERED = "StragglerRecovered"
-
-
-def to_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def from_time(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
 # ---------------------------------------------------------------------------------------------
