@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes import client
 
 T = TypeVar("T")
 
@@ -38,3 +39,44 @@ def python_pod(name: str, code: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "labels": spec.pop("labels", {})},
         "spec": {"restartPolicy": "Never", "containers": [container], **spec},
     }
+
+
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+
+
+class Jobs:
+    """DDPJobs of one namespace, through the API, with waits that fail the test as soon as the job fails."""
+
+    def __init__(self, api_client: Any, namespace: str):
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def status(self, name: str) -> dict[str, Any]:
+        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        return dict(job.get("status") or {})
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), None)
+
+    def events(self, name: str, reason: str) -> list[Any]:
+        found = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e for e in found if e.reason == reason]
+
+    def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            assert not (status.get("phase") == "Failed" and phase != "Failed"), f"job failed: {status}"
+            return status if status.get("phase") == phase else None
+
+        return wait_for(f"{name} to be {phase}", reached, timeout, interval=1)
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, self.ns)
+
+    def wait_running(self, name: str, timeout: float) -> dict[str, Any]:
+        """Running, which the operator reports only once every rank joined the process group."""
+        return self.wait_phase(name, "Running", timeout)

@@ -12,42 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from ddpjob_box.box import LocalNode
 from ddpjob_box.prometheus import Prometheus
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import Jobs, wait_for
 
 pytestmark = pytest.mark.e2e
-
-GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
-
-
-class Jobs:
-    def __init__(self, api_client: Any, namespace: str):
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
-        self.ns = namespace
-
-    def create(self, body: dict[str, Any]) -> None:
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
-
-    def status(self, name: str) -> dict[str, Any]:
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
-        return dict(job.get("status") or {})
-
-    def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
-        def reached() -> dict[str, Any] | None:
-            status = self.status(name)
-            assert not (status.get("phase") == "Failed" and phase != "Failed"), f"job failed: {status}"
-            return status if status.get("phase") == phase else None
-
-        return wait_for(f"{name} to be {phase}", reached, timeout, interval=1)
-
-    def pod(self, name: str) -> Any:
-        return self.core.read_namespaced_pod(name, self.ns)
 
 
 def _trainer_log(node: LocalNode, pod: Any) -> str:

@@ -21,51 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from ddpjob_box.box import LocalNode
 from ddpjob_box.prometheus import Prometheus
 from ddpjob_operator import report
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import Jobs, wait_for
 
 pytestmark = pytest.mark.e2e
 
-GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 PG_TIMEOUT = 300  # the trainer's default collective timeout, stated in the jobs below
-
-
-class Jobs:
-    def __init__(self, api_client: Any, namespace: str):
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
-        self.ns = namespace
-
-    def create(self, body: dict[str, Any]) -> None:
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
-
-    def status(self, name: str) -> dict[str, Any]:
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
-        return dict(job.get("status") or {})
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), None)
-
-    def events(self, name: str, reason: str) -> list[Any]:
-        found = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
-        return [e for e in found if e.reason == reason]
-
-    def pod(self, name: str) -> Any:
-        return self.core.read_namespaced_pod(name, self.ns)
-
-    def wait_running(self, name: str, timeout: float) -> dict[str, Any]:
-        def running() -> dict[str, Any] | None:
-            status = self.status(name)
-            assert status.get("phase") != "Failed", f"job failed: {status}"
-            return status if status.get("phase") == "Running" else None
-
-        return wait_for(f"{name} to be Running (every rank joined)", running, timeout, interval=1)
 
 
 def _time(text: str) -> datetime:
