@@ -136,3 +136,11 @@ def test_a_mount_over_tmp_comes_after_the_mounts_whose_sources_live_under_tmp() 
     ckpt = Mount("/tmp/box/claims/c1", "/checkpoints")
     nested = Mount("/data/x", "/checkpoints/x")
     assert mount_order([tmp, nested, ckpt]) == [ckpt, nested, tmp]
+
+
+def test_a_kept_directory_hidden_by_a_mount_is_bound_back_through_a_descriptor() -> None:
+    argv = launch_argv("ns1", "h", [Mount("/data/tmp", "/tmp")], None, ["python"], keep=["/tmp/checkout", "/opt/py"])
+    script = argv[argv.index("-ec") + 1]
+    assert script.index("exec 9< /tmp/checkout") < script.index("mount --bind /data/tmp /tmp")
+    assert "mount --no-canonicalize --bind /proc/$$/fd/9 /tmp/checkout" in script
+    assert "/opt/py" not in script, "a directory no mount hides needs nothing"

@@ -33,6 +33,7 @@ from ddpjob_box.node.launch import Mount, launch_argv
 from ddpjob_box.node.network import Bridge, PodNetwork
 from ddpjob_box.node.shim import process_start_time, same_process_alive, write_atomic
 from ddpjob_box.node.targets import write_targets
+from ddpjob_box.toolchain import REPO_ROOT
 
 LEASE_SECONDS = 40
 KUBECONFIG_FILE = "kubeconfig"  # written beside a pod's ServiceAccount token
@@ -157,6 +158,9 @@ class Agent:
         self.pods: dict[str, dict[str, Any]] = {}  # the latest listing, by uid
         self.sent: dict[str, dict[str, Any]] = {}  # the last status patched, by uid
         self.mountpoints = volumes.MountPoints(settings.state_dir / "mountpoints.json")
+        # What a pod's volumes must never hide: this checkout (sources and virtualenv) and the Python under it.
+        roots = sorted({str(REPO_ROOT), str(settings.bin_dir.parent), sys.base_prefix}, key=len)
+        self.keep = [r for i, r in enumerate(roots) if not any(r.startswith(o.rstrip("/") + "/") for o in roots[:i])]
         self.pods_dir = settings.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.stop_event = threading.Event()
@@ -445,7 +449,8 @@ class Agent:
                 env.setdefault("KUBECONFIG", f"{token_mount}/{KUBECONFIG_FILE}")
             write_atomic(cdir / "env.json", json.dumps(env))
             write_atomic(
-                cdir / "argv.json", json.dumps(launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv))
+                cdir / "argv.json",
+                json.dumps(launch_argv(net.netns, hostname, mounts, proc.working_dir, proc.argv, self.keep)),
             )
         record.started_at = time.time()
         record.save()

@@ -25,18 +25,39 @@ def mount_order(mounts: Sequence[Mount]) -> list[Mount]:
     return [m for m in ordered if m not in hides] + hides
 
 
+# sh can redirect file descriptors 0-9 only; these hold directories a mount would hide.
+_KEEP_FDS = (9, 8, 7, 6, 5)
+
+
 def launch_argv(
-    netns: str, hostname: str, mounts: Sequence[Mount], working_dir: str | None, argv: Sequence[str]
+    netns: str,
+    hostname: str,
+    mounts: Sequence[Mount],
+    working_dir: str | None,
+    argv: Sequence[str],
+    keep: Sequence[str] = (),
 ) -> list[str]:
     """``ip netns exec`` gives the network and /etc/hosts; ``unshare`` a hostname and private mounts.
 
-    Every step execs, so the container's pid is the pid the shim started.
+    ``keep`` names host directories the pod must still see (this checkout's environment): a volume
+    mounted over one of their ancestors (an emptyDir at /tmp, say) would hide them, so each is held
+    open before the mounts and bound back at its own path after them. Every step execs, so the
+    container's pid is the pid the shim started.
     """
+    hidden = [k for k in keep if any(_under(k, m.target) for m in mounts)]
+    if len(hidden) > len(_KEEP_FDS):
+        raise ValueError(f"at most {len(_KEEP_FDS)} kept directories can be hidden by mounts, not {len(hidden)}")
     script = [f"hostname {shlex.quote(hostname)}"]
+    script += [f"exec {fd}< {shlex.quote(path)}" for fd, path in zip(_KEEP_FDS, hidden, strict=False)]
     for mount in mount_order(mounts):
         script.append(f"mount --bind {shlex.quote(mount.source)} {shlex.quote(mount.target)}")
         if mount.read_only:
             script.append(f"mount -o remount,bind,ro {shlex.quote(mount.target)}")
+    for fd, path in zip(_KEEP_FDS, hidden, strict=False):
+        # The path names the covered directory again only through the descriptor: mount must not resolve it.
+        script.append(f"mkdir -p {shlex.quote(path)}")
+        script.append(f"mount --no-canonicalize --bind /proc/$$/fd/{fd} {shlex.quote(path)}")
+        script.append(f"exec {fd}<&-")
     if working_dir:
         script.append(f"cd {shlex.quote(working_dir)}")
     script.append('exec "$@"')
