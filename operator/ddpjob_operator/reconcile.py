@@ -89,6 +89,18 @@ def _finish(status: JobStatus, *, succeeded: bool, reason: str, message: str, no
     return status
 
 
+def _restart_gang(
+    status: JobStatus, cause: str, reason: str, backoff_limit: int, now: datetime, events: list[Event]
+) -> JobStatus:
+    """The next attempt, counted as a restart: Restarting, not Running, and a Warning Event saying why."""
+    status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
+    message = f"{cause}; restarting the gang as attempt {status.attempt} (restart {status.restarts} of {backoff_limit})"
+    status = status.with_condition("Restarting", True, reason, message, now)
+    status = status.with_condition("Running", False, reason, message, now)
+    events.append(Event(reason, message, warning=True))
+    return status
+
+
 def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: list[Event]) -> Plan:
     """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
     rp = job.spec.run_policy
@@ -174,14 +186,7 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
 
     decision = restart.decide(obs.failures, rp, status.restarts)
     if decision is not None and decision.restart:
-        status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
-        message = (
-            f"{decision.cause.describe()}; restarting the gang as attempt {status.attempt} "
-            f"(restart {status.restarts} of {rp.backoff_limit})"
-        )
-        status = status.with_condition("Restarting", True, REASON_RETRYABLE, message, now)
-        status = status.with_condition("Running", False, REASON_RETRYABLE, message, now)
-        events.append(Event(REASON_RETRYABLE, message, warning=True))
+        status = _restart_gang(status, decision.cause.describe(), REASON_RETRYABLE, rp.backoff_limit, now, events)
         obs = look()
     elif decision is not None:
         if decision.backoff_exceeded:
@@ -200,14 +205,7 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
     if decision is None and summary is not None and status.phase is Phase.RUNNING:
         stuck = _no_progress(job, status, summary)
         if stuck and rp.restart_policy is not RestartPolicy.NEVER and status.restarts < rp.backoff_limit:
-            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
-            message = (
-                f"{stuck}; restarting the gang as attempt {status.attempt} "
-                f"(restart {status.restarts} of {rp.backoff_limit})"
-            )
-            status = status.with_condition("Restarting", True, REASON_NO_PROGRESS, message, now)
-            status = status.with_condition("Running", False, REASON_NO_PROGRESS, message, now)
-            events.append(Event(REASON_NO_PROGRESS, message, warning=True))
+            status = _restart_gang(status, stuck, REASON_NO_PROGRESS, rp.backoff_limit, now, events)
             obs = look()
         elif stuck:
             never = rp.restart_policy is RestartPolicy.NEVER
