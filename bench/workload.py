@@ -40,8 +40,8 @@ class Workload:
     def env(self) -> dict[str, str]:
         return {"OMP_NUM_THREADS": str(self.threads)}
 
-    def trainer_args(self) -> list[str]:
-        """The same workload as ``python -m ddp_trainer`` flags (synthetic data, no checkpoints)."""
+    def _model_args(self) -> list[str]:
+        """The flags the trainer and the reference loops spell the same way."""
         return [
             f"--model={self.model}",
             f"--image-size={self.image_size}",
@@ -49,6 +49,12 @@ class Workload:
             f"--amp={self.amp}",
             "--channels-last" if self.channels_last else "--no-channels-last",
             f"--num-workers={self.num_workers}",
+        ]
+
+    def trainer_args(self) -> list[str]:
+        """The same workload as ``python -m ddp_trainer`` flags (synthetic data, no checkpoints)."""
+        return [
+            *self._model_args(),
             f"--steps={self.steps}",
             "--data=synthetic",
             f"--synthetic-samples={self.samples}",
@@ -59,12 +65,7 @@ class Workload:
     def loop_args(self) -> list[str]:
         """The same workload as flags of ``bench.plain_loop`` and ``bench.textbook_ddp``."""
         return [
-            f"--model={self.model}",
-            f"--image-size={self.image_size}",
-            f"--batch-size={self.batch_size}",
-            f"--amp={self.amp}",
-            "--channels-last" if self.channels_last else "--no-channels-last",
-            f"--num-workers={self.num_workers}",
+            *self._model_args(),
             f"--warmup={self.warmup}",
             f"--measure={self.measure}",
         ]
