@@ -73,3 +73,15 @@ def test_the_step_gauge_is_the_training_step_even_when_a_resumed_process_counts_
         m.record(step(n))
     assert sample(m, names.STEP) == 42
     assert sample(m, names.STEPS_TOTAL) == 2
+
+
+def test_an_untimed_step_is_counted_but_observes_no_time_and_no_loss() -> None:
+    m = Metrics()
+    untimed = StepTiming(step=7, samples=32, step_seconds=float("nan"), phase_seconds={}, loss=float("nan"))
+    m.record(untimed)
+    assert sample(m, names.STEPS_TOTAL) == 1
+    assert sample(m, names.SAMPLES_TOTAL) == 32
+    assert sample(m, names.STEP) == 7
+    assert sample(m, f"{names.STEP_SECONDS}_count") == 0
+    assert sample(m, f"{names.PHASE_SECONDS}_count", phase="forward") == 0
+    assert sample(m, names.LOSS) == 0

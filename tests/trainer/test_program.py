@@ -59,6 +59,15 @@ def test_resnet18_trains_20_steps_in_one_process_with_no_environment_set() -> No
     assert re.search(r"^\S+ \| resnet18 \| 1 \| 4 \|", done.stdout, re.MULTILINE), done.stdout
 
 
+def test_with_step_timing_off_it_logs_bare_step_counts_and_says_the_run_was_not_timed() -> None:
+    env = clean_env(TRAIN_STEP_TIMING="false")
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*TINY, "--steps", "4", "--log-interval", "2"), env))
+    assert done.returncode == EXIT_OK, done.stderr
+    assert re.findall(r"step=\S+", done.stdout) == ["step=2/4", "step=4/4"], done.stdout
+    assert "summary: 4 steps, not timed (--no-step-timing)" in done.stdout
+
+
 def test_the_same_program_runs_under_torchrun_with_two_processes() -> None:
     args = ["--nproc-per-node", "2", "--master-port", str(free_ports(1)), "-m", "ddp_trainer", *TINY, "--steps", "4"]
     with processes() as procs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_trainer.timing import StepTimer
+from ddp_trainer.timing import StepTimer, UntimedSteps
 
 
 def test_a_step_is_split_into_its_phases_and_the_phases_add_up_to_the_step() -> None:
@@ -36,3 +36,15 @@ def test_accumulated_micro_batches_add_to_the_same_phase() -> None:
     (t,) = timer.poll()
     assert set(t.phase_seconds) == {"data", "forward", "backward", "optimizer"}
     assert sum(t.phase_seconds.values()) == pytest.approx(t.step_seconds)
+
+
+def test_untimed_steps_are_counted_with_no_times_and_no_loss_read() -> None:
+    steps = UntimedSteps()
+    for step in (1, 2):
+        steps.start()
+        steps.mark("forward")
+        steps.finish(step, samples=8, loss=torch.tensor(1.5))
+    done = steps.flush()
+    assert [(t.step, t.samples, t.timed) for t in done] == [(1, 8, False), (2, 8, False)]
+    assert all(t.phase_seconds == {} for t in done)
+    assert steps.poll() == []

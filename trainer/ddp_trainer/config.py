@@ -209,6 +209,13 @@ class ObserveConfig(_Section):
         default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
     )
     log_interval: int = field(default=10, metadata=doc("Rank 0 logs one line every this many steps."))
+    step_timing: bool = field(
+        default=True,
+        metadata=doc(
+            "Time each step's phases and export them (histograms, loss, img/s in the log); off: only count "
+            "steps, with no clock, CUDA event or loss read per step."
+        ),
+    )
 
     def validate(self) -> None:
         if not 0 <= self.metrics_port <= 65535:

@@ -6,6 +6,7 @@ constants in ``metric_names`` (re-exported here).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,9 +42,13 @@ class StepTiming:
 
     step: int
     samples: int
-    step_seconds: float
+    step_seconds: float  # NaN when the step was not timed (--no-step-timing), like its phases and loss
     phase_seconds: Mapping[str, float]
     loss: float
+
+    @property
+    def timed(self) -> bool:
+        return not math.isnan(self.step_seconds)
 
 
 class Metrics:
@@ -87,13 +92,15 @@ class Metrics:
         start_http_server(port, registry=self.registry)
 
     def record(self, timing: StepTiming) -> None:
-        self.step_seconds.observe(timing.step_seconds)
-        for phase in PHASES:
-            self.phase_seconds.labels(phase).observe(timing.phase_seconds.get(phase, 0.0))
+        """Count the step; observe its times and loss when it was timed."""
+        if timing.timed:
+            self.step_seconds.observe(timing.step_seconds)
+            for phase in PHASES:
+                self.phase_seconds.labels(phase).observe(timing.phase_seconds.get(phase, 0.0))
+            self.loss.set(timing.loss)
         self.steps.inc()
         self.samples.inc(timing.samples)
         self.step.set(timing.step)
-        self.loss.set(timing.loss)
         self.last_step.set(time.time())
 
 

@@ -18,6 +18,8 @@ def warmup_steps(n: int) -> int:
 def summary_lines(cfg: Config, world_size: int, backend: str, device: str, timings: Sequence[StepTiming]) -> list[str]:
     if not timings:
         return ["summary: no steps run"]
+    if not timings[-1].timed:
+        return [f"summary: {len(timings)} steps, not timed (--no-step-timing)"]
     skip = warmup_steps(len(timings))
     kept = timings[skip:]
     seconds = sum(t.step_seconds for t in kept)

@@ -4,16 +4,19 @@ On CPU the work is done when the Python call returns, so ``perf_counter`` is hon
 the host runs ahead of the device: we record CUDA events between phases and read them only
 once the step's last event has completed (``Event.query()``), a step or two later. The loss is
 copied to pinned host memory on the stream, so reading it later does not synchronize either.
+
+``UntimedSteps`` (``--no-step-timing``) has the same interface and only counts steps.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -28,6 +31,20 @@ class _Pending:
     samples: int
     marks: list[tuple[str, torch.cuda.Event]]  # (phase that ended, event); the first is the start
     loss: torch.Tensor
+
+
+class Timer(Protocol):
+    """What the training loop calls: ``start``, ``mark(phase)`` after each phase, ``finish`` per step."""
+
+    def start(self) -> None: ...
+    def mark(self, phase: str) -> None: ...
+    def finish(self, step: int, samples: int, loss: torch.Tensor) -> None: ...
+    def poll(self) -> list[StepTiming]: ...
+    def flush(self) -> list[StepTiming]: ...
+
+
+def timer(device: torch.device, *, timed: bool) -> Timer:
+    return StepTimer(device) if timed else UntimedSteps()
 
 
 @dataclass
@@ -99,3 +116,29 @@ def _phase_sums(marks: Sequence[tuple[str, T]], between: Callable[[T, T], float]
 
 def _timing(step: int, samples: int, total: float, phases: dict[str, float], loss: float) -> StepTiming:
     return StepTiming(step=step, samples=samples, step_seconds=total, phase_seconds=phases, loss=loss)
+
+
+@dataclass
+class UntimedSteps:
+    """Counts finished steps and nothing else: no clock, no CUDA event, no read of the loss.
+
+    Its timings have NaN times and loss; ``Metrics.record`` then only counts the step.
+    """
+
+    _done: list[StepTiming] = field(default_factory=list)
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def finish(self, step: int, samples: int, loss: torch.Tensor) -> None:
+        self._done.append(_timing(step, samples, math.nan, {}, math.nan))
+
+    def poll(self) -> list[StepTiming]:
+        done, self._done = self._done, []
+        return done
+
+    def flush(self) -> list[StepTiming]:
+        return self.poll()

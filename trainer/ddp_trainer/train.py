@@ -22,13 +22,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, data, distributed, models
+from ddp_trainer import checkpoint, data, distributed, models, timing
 from ddp_trainer.config import Config, OptimConfig
 from ddp_trainer.errors import ConfigError, DataError
 from ddp_trainer.launch import Launch
 from ddp_trainer.metrics import Metrics, StepTiming
 from ddp_trainer.report import summary_lines
-from ddp_trainer.timing import StepTimer
 
 log = logging.getLogger("ddp_trainer")
 
@@ -192,19 +191,23 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
             parts.total,
         )  # fmt: skip
 
-    timer = StepTimer(d.device)
+    timer = timing.timer(d.device, timed=cfg.observe.step_timing)
     timings: list[StepTiming] = []
 
     def record(done: list[StepTiming]) -> None:
         for t in done:
             metrics.record(t)
             timings.append(t)
-            if d.is_main and (t.step % cfg.observe.log_interval == 0 or t.step == parts.total):
-                rate = t.samples * d.world_size / t.step_seconds if t.step_seconds > 0 else 0.0
-                log.info(
-                    "step=%d/%d loss=%.4f img/s=%.1f step_time=%.1fms",
-                    t.step, parts.total, t.loss, rate, t.step_seconds * 1000,
-                )  # fmt: skip
+            if not d.is_main or (t.step % cfg.observe.log_interval and t.step != parts.total):
+                continue
+            if not t.timed:
+                log.info("step=%d/%d", t.step, parts.total)
+                continue
+            rate = t.samples * d.world_size / t.step_seconds if t.step_seconds > 0 else 0.0
+            log.info(
+                "step=%d/%d loss=%.4f img/s=%.1f step_time=%.1fms",
+                t.step, parts.total, t.loss, rate, t.step_seconds * 1000,
+            )  # fmt: skip
 
     while pos.step < parts.total:
         batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
@@ -235,7 +238,7 @@ def _slow(cfg: Config, d: distributed.Dist, step: int) -> bool:
 
 
 def _step(
-    cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batch], timer: StepTimer, *, slow: bool = False
+    cfg: Config, d: distributed.Dist, parts: Parts, batches: Iterator[Batch], timer: timing.Timer, *, slow: bool = False
 ) -> torch.Tensor:
     """One optimizer step over ``grad_accum_steps`` micro-batches; returns the loss, on the device."""
     accum = cfg.optim.grad_accum_steps
