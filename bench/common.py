@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -284,3 +285,12 @@ def _jsonable(obj: Any) -> Any:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, ``kill``) takes the Ctrl-C path, so the box and the children are torn down."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -41,8 +41,9 @@ import yaml
 
 from bench import apiserver
 from bench.apiserver import Api
-from bench.common import REPO, RESULTS_DIR, log, machine, percentile, table, verdict, write_results
+from bench.common import REPO, RESULTS_DIR, log, machine, percentile, stop_on_sigterm, table, verdict, write_results
 from bench.instrumentation import free_port
+from ddpjob_box.processes import die_with_parent
 
 NAME = "operator_scale"
 CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
@@ -96,7 +97,11 @@ class JobTimes:
 
 
 class PodWatch:
-    """Notes, from one watch on every DDPJob pod, when each job's ``replicas``-th pod appears."""
+    """Notes, from one watch on every DDPJob pod, when each job's ``replicas``-th pod appears.
+
+    The apiserver may end a watch (it drops a watcher that falls behind a burst); the watch then
+    resumes from the last resourceVersion it saw, so no event is lost. ``resumed`` counts that.
+    """
 
     def __init__(self, client: Api, replicas: int) -> None:
         from ddpjob_operator import api
@@ -105,26 +110,49 @@ class PodWatch:
         self.jobs: dict[tuple[str, str], JobTimes] = {}
         self.done = threading.Condition()
         self.events = 0
+        self.resumed = 0
+        self.failed: Exception | None = None
+        self._client = client
         self._job_label = api.LABEL_JOB_NAME
-        selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
-        listed = client.get("/api/v1/pods", labelSelector=selector, limit="1")
-        self._stream = client.watch(
-            "/api/v1/pods", labelSelector=selector, resourceVersion=listed["metadata"]["resourceVersion"]
-        )
+        self._selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+        listed = client.get("/api/v1/pods", labelSelector=self._selector, limit="1")
+        self._version = listed["metadata"]["resourceVersion"]
+        self._closed = False
+        self._stream = self._open()
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
         self._thread.start()
+
+    def _open(self) -> apiserver.WatchStream:
+        return self._client.watch("/api/v1/pods", labelSelector=self._selector, resourceVersion=self._version,
+                                  allowWatchBookmarks="true")  # fmt: skip
 
     def job(self, namespace: str, name: str) -> JobTimes:
         with self.done:
             return self.jobs.setdefault((namespace, name), JobTimes())
 
     def _run(self) -> None:
-        for event in self._stream:
+        try:
+            while True:
+                self._follow(self._stream)
+                if self._closed:
+                    return
+                self.resumed += 1
+                self._stream = self._open()
+        except Exception as err:  # handed to the thread that waits
+            self.failed = err
+            with self.done:
+                self.done.notify_all()
+
+    def _follow(self, stream: apiserver.WatchStream) -> None:
+        for event in stream:
             now = time.perf_counter()
-            self.events += 1
+            if event.get("type") == "ERROR":  # e.g. 410 Gone: events were lost; say so, do not guess
+                raise RuntimeError(f"the pod watch failed: {event.get('object')}")
+            meta = event["object"]["metadata"]
+            self._version = meta["resourceVersion"]
             if event.get("type") != "ADDED":
                 continue
-            meta = event["object"]["metadata"]
+            self.events += 1
             with self.done:
                 times = self.jobs.setdefault((meta["namespace"], meta["labels"][self._job_label]), JobTimes())
                 times.pods.add(meta["name"])
@@ -141,10 +169,13 @@ class PodWatch:
 
         with self.done:
             while (n := finished()) < len(keys) and time.monotonic() < deadline:
+                if self.failed is not None:
+                    raise RuntimeError(f"the pod watch stopped: {self.failed}") from self.failed
                 self.done.wait(min(1.0, max(0.0, deadline - time.monotonic())))
             return n
 
     def close(self) -> None:
+        self._closed = True
         self._stream.close()
         self._thread.join(timeout=5)
 
@@ -169,7 +200,8 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(REPO)}  # fmt: skip
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     preexec_fn=die_with_parent)  # fmt: skip
 
     @property
     def pid(self) -> int:
@@ -436,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "operator_rss_end_mb": memory.get("VmRSS", float("nan")),
         "wall_s": wall,
         "load_average_1m": [round(load_before, 2), round(load_after, 2)],
+        "pod_watch_resumed": watch.resumed,
         "reconciles": reconciles.count,
         "reconcile_mean_s": reconciles.mean,
         "reconcile_p50_s": reconciles.quantile(0.5),
@@ -500,6 +533,8 @@ def report(
         ["machine load average (1 min) at the start / end of the load", " / ".join(map(str, f["load_average_1m"])),
          "", ""],
         ["operator log lines with ERROR or Traceback", str(len(f["operator_error_lines"])), "", ""],
+        ["times the apiserver ended the bench's pod watch (resumed, no event lost)", str(f["pod_watch_resumed"]),
+         "", ""],
     ]  # fmt: skip
     verb_rows = [[v, f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
                  for v, h in sorted(verbs.items())]  # fmt: skip
@@ -548,4 +583,5 @@ def profile_report(path: Path) -> str:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     main()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import ddp_cpu, gpu_recipe, instrumentation, operator_scale, trainer_vs_plain
-from bench.common import RESULTS_DIR, log, machine, table
+from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table
 
 BENCHMARKS: dict[str, Callable[[Sequence[str] | None], dict[str, Any]]] = {
     "trainer_vs_plain": trainer_vs_plain.main,
@@ -68,4 +68,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     raise SystemExit(main())

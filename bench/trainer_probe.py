@@ -7,9 +7,7 @@ It does what ``python -m ddp_trainer`` does (parse the flags and the environment
 ``train.run``), with one hook: after the trainer closes each step (``StepTimer.finish``) the window
 notes the time. So the window holds whole iterations of the trainer's loop, its bookkeeping
 included, measured by the same clock as the plain loop's. Rank 0 emits one ``BENCH_RESULT`` line.
-
-``--stub-instrumentation`` replaces the step timer and the metrics recording with no-ops, to
-measure what they cost; the trainer has no switch for that (see README.md, "Benchmarks").
+With the trainer's ``--no-step-timing`` the hook sits on ``UntimedSteps.finish`` instead.
 """
 
 from __future__ import annotations
@@ -29,12 +27,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--measure", type=int, default=12)
     parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window (GPU)")
-    parser.add_argument("--stub-instrumentation", action="store_true", help="no step timer, no metrics recording")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="after --: the trainer's flags")
     args = parser.parse_args()
     trainer_args = [a for a in args.trainer_args if a != "--"]
 
-    from ddp_trainer import metrics, timing, train
+    from ddp_trainer import timing, train
     from ddp_trainer.config import parse
     from ddp_trainer.launch import read_launch
 
@@ -51,21 +48,13 @@ def main() -> None:
         on_close=syncs.stop if syncs else lambda: None,
     )
 
-    finish = timing.StepTimer.finish
-
-    def timed_finish(self: timing.StepTimer, step: int, samples: int, loss: torch.Tensor) -> None:
-        finish(self, step, samples, loss)
-        window.step_done(step)
-
-    timing.StepTimer.finish = timed_finish  # type: ignore[method-assign]
-    if args.stub_instrumentation:
-        train.StepTimer = _stub_timer(window)  # type: ignore[attr-defined]
-        metrics.Metrics.record = lambda self, timing: None  # type: ignore[method-assign]
+    for timer in (timing.StepTimer, timing.UntimedSteps):
+        _note_finish(timer, window)
 
     result = train.run(cfg, launch)
     if launch.rank != 0:
         return
-    measured = [t for t in result.timings if t.step > args.warmup]
+    measured = [t for t in result.timings if t.step > args.warmup and t.timed]
     out: dict[str, Any] = {
         **window.figures(cfg.optim.batch_size, launch.world_size),
         "world_size": launch.world_size,
@@ -77,23 +66,15 @@ def main() -> None:
     emit(out)
 
 
-def _stub_timer(window: Window) -> type[Any]:
-    from ddp_trainer.timing import StepTimer
+def _note_finish(timer: type[Any], window: Window) -> None:
+    """After ``timer.finish`` closes a step, the window notes the time."""
+    finish = timer.finish
 
-    class NoTiming(StepTimer):
-        def mark(self, phase: str) -> None:
-            pass
+    def finish_and_note(self: Any, step: int, samples: int, loss: torch.Tensor) -> None:
+        finish(self, step, samples, loss)
+        window.step_done(step)
 
-        def finish(self, step: int, samples: int, loss: torch.Tensor) -> None:
-            window.step_done(step)
-
-        def poll(self) -> list[Any]:
-            return []
-
-        def flush(self) -> list[Any]:
-            return []
-
-    return NoTiming
+    timer.finish = finish_and_note
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGKILL when the thread that started it exits."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
@@ -54,7 +55,7 @@ class Component:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     @property

@@ -34,7 +34,7 @@ def test_trainer_vs_plain_runs_both_programs_and_reports_their_ratio(tmp_path: P
 def test_instrumentation_runs_the_three_variants_and_scrapes_the_metrics_server(tmp_path: Path):
     instrumentation.main([*TINY, "--scrape-seconds", "0.2", "--out", str(tmp_path)])
     data = written(tmp_path, "instrumentation")
-    assert set(data["runs"]) == {"server on", "server off", "stubbed"}  # type: ignore[call-overload]
+    assert set(data["runs"]) == {"on", "server off", "off"}  # type: ignore[call-overload]
 
 
 def test_ddp_cpu_runs_both_programs_under_torchrun_with_two_gloo_ranks(tmp_path: Path):
