@@ -3,6 +3,10 @@
 The order is what makes a crash harmless: the status (attempt, restarts) is written first and
 with the resourceVersion we read, then pods are deleted, then created if absent. Replaying any
 prefix of this sequence converges to the same end state.
+
+The pods come from the watch-fed ``PodCache`` when there is one. It may lag: creating a pod it
+does not show yet is harmless (create-if-absent), but a plan that would end an attempt, delete
+pods or finish the job is made again from a LIST before anything is written.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from ddpjob_operator import builders, faults, metrics
 from ddpjob_operator.api import Job, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, Kube, KubeError
+from ddpjob_operator.podcache import PodCache, PodIndex
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.reconcile import Plan, plan, plan_invalid
 from ddpjob_operator.status import JobStatus, Phase, parse_status, pod_view
@@ -88,17 +93,19 @@ def reconcile(
     progress: Progress | None = None,
     *,
     bodies: Bodies | None = None,
+    pods: PodCache | None = None,
     creates: Executor | None = None,
     events: Executor | None = None,
 ) -> float | None:
     """Reconcile once; returns seconds until the job needs another look (None: only on events).
 
-    ``creates``: threads to create a job's pods in parallel (else one after another); ``events``:
-    threads to post Events without waiting for them (else inline).
+    ``pods``: the watch-fed pods (else a LIST each time); ``creates``: threads to create a job's
+    pods in parallel (else one after another); ``events``: threads to post Events without waiting
+    for them (else inline).
     """
     started = time.perf_counter()
     try:
-        return _reconcile(kube, namespace, name, now or datetime.now(UTC), progress, bodies, creates, events)
+        return _reconcile(kube, namespace, name, now or datetime.now(UTC), progress, bodies, pods, creates, events)
     finally:
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
@@ -108,6 +115,13 @@ def _acts(the_plan: Plan) -> bool:
                 or the_plan.create_service)  # fmt: skip
 
 
+def _ends_something(old: JobStatus, the_plan: Plan) -> bool:
+    """Whether the plan deletes pods, starts a new attempt or finishes the job: not to be done on a lagging view."""
+    new = the_plan.status
+    return bool(the_plan.delete_pods or the_plan.delete_job or new.attempt != old.attempt
+                or new.restarts != old.restarts or (new.phase is not old.phase and new.phase.finished))  # fmt: skip
+
+
 def _reconcile(
     kube: Kube,
     namespace: str,
@@ -115,6 +129,7 @@ def _reconcile(
     now: datetime,
     progress: Progress | None,
     bodies: Bodies | None,
+    cache: PodCache | None,
     creates: Executor | None,
     events: Executor | None,
 ) -> float | None:
@@ -135,8 +150,13 @@ def _reconcile(
         the_plan = plan_invalid(old, str(err), int(body["metadata"].get("generation") or 0), now)
     else:
         assert job is not None
-        pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
-        the_plan = plan(job, old, pods, now, progress.scrapes(key) if progress is not None else ())
+        scrapes = progress.scrapes(key) if progress is not None else ()
+        watched = cache.pods(key) if cache is not None else None
+        raw_pods = watched if watched is not None else kube.list_pods(namespace, name)
+        the_plan = plan(job, old, [pod_view(p, job.spec.trainer_container) for p in raw_pods], now, scrapes)
+        if watched is not None and _ends_something(old, the_plan):
+            pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
+            the_plan = plan(job, old, pods, now, scrapes)
     try:
         written = _write_status(kube, body, old, the_plan.status)
     except KubeError as err:
@@ -167,7 +187,8 @@ def _reconcile(
     if the_plan.create_service:
         kube.create(builders.service(job))
     try:
-        _create_pods(kube, job, the_plan.status.attempt, the_plan.create_ranks, creates)
+        _create_pods(kube, job, the_plan.status.attempt, the_plan.create_ranks, creates,
+                     cache.index if cache is not None else None)  # fmt: skip
     except KubeError as err:
         return _create_failed(kube, body, job, the_plan, err, now)
     if the_plan.delete_job:
@@ -176,11 +197,19 @@ def _reconcile(
     return the_plan.requeue_after
 
 
-def _create_pods(kube: Kube, job: Job, attempt: int, ranks: tuple[int, ...], pool: Executor | None) -> None:
-    """Create if absent, in waves of CREATE_PARALLELISM on ``pool``; raises the lowest rank's error."""
+def _create_pods(
+    kube: Kube, job: Job, attempt: int, ranks: tuple[int, ...], pool: Executor | None, index: PodIndex | None
+) -> None:
+    """Create if absent, in waves of CREATE_PARALLELISM on ``pool``; raises the lowest rank's error.
+
+    Each pod created goes into ``index`` at once, so a reconcile before the watch sees it does not
+    create it again.
+    """
 
     def create(rank: int) -> None:
-        kube.create(builders.pod(job, rank, attempt))
+        created = kube.create(builders.pod(job, rank, attempt))
+        if created is not None and index is not None:
+            index.created(created)
         faults.point("pod-created")
 
     if pool is None:

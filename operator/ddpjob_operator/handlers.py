@@ -1,4 +1,7 @@
-"""Kopf glue: events for DDPJobs and their pods wake the job's worker, which reconciles.
+"""Kopf glue: events for DDPJobs, and changes of their pods, wake the job's worker, which reconciles.
+
+DDPJobs come through Kopf. Pods come through our own ``PodCache`` (one list-and-watch, filtered
+by our label on the server), which reconciles read instead of listing pods each time.
 
 No on.delete handler and no timers or daemons, hence no finalizers: deleting a DDPJob never
 waits for the operator, and owner references let the garbage collector remove the children.
@@ -19,6 +22,7 @@ import kopf
 from ddpjob_operator import api, metrics
 from ddpjob_operator.controller import Bodies, reconcile
 from ddpjob_operator.kube import Kube
+from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import Key, WorkQueue
 
@@ -39,7 +43,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     loop = asyncio.get_running_loop()
 
     async def run(key: Key) -> float | None:
-        call = functools.partial(reconcile, kube, *key, progress=poller, bodies=bodies, creates=creates, events=events)
+        call = functools.partial(reconcile, kube, *key, progress=poller, bodies=bodies, pods=pods, creates=creates,
+                                 events=events)  # fmt: skip
         try:
             return await loop.run_in_executor(reconciles, call)
         except Exception:
@@ -48,6 +53,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     memo.kube = kube
     memo.queue = WorkQueue(run)
+
+    # A pod change wakes its job's worker, on the event loop, if the job is one Kopf delivered (so in
+    # a namespace we serve); the cache's watch threads get connections of their own.
+    served: set[Key] = set()
+    memo.served = served
+
+    def wake(key: Key) -> None:
+        if key in served:
+            memo.queue.enqueue(key)
+
+    def changed(key: Key) -> None:
+        loop.call_soon_threadsafe(wake, key)
+
+    pods = memo.pods = PodCache(Kube(connections=2), namespaces, changed)
+    pods.start()
     # Each poll wakes the job's worker, which folds the scrapes into the status.
     poller = memo.poller = Poller(
         memo.queue.enqueue,
@@ -72,6 +92,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.pods.stop()
     await memo.poller.stop()  # first: each poll wakes a worker
     await memo.queue.stop()
     for pool in memo.pools:
@@ -84,11 +105,9 @@ async def job_event(namespace: str | None, name: str, event: Mapping[str, Any], 
     key = (namespace or "", name)
     if event.get("type") == "DELETED":
         memo.bodies.drop(key)
-    elif isinstance(event.get("object"), dict):
-        memo.bodies.put(key, event["object"])  # the reconcile starts from it instead of a GET
+        memo.served.discard(key)
+    else:
+        memo.served.add(key)
+        if isinstance(event.get("object"), dict):
+            memo.bodies.put(key, event["object"])  # the reconcile starts from it instead of a GET
     memo.queue.enqueue(key)
-
-
-@kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGED_BY, api.LABEL_JOB_NAME: kopf.PRESENT})
-async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    memo.queue.enqueue((namespace or "", labels[api.LABEL_JOB_NAME]))

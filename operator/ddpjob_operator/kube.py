@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 from ddpjob_operator import api
@@ -25,6 +25,10 @@ class KubeError(Exception):
 
 class Conflict(KubeError):
     """The object changed since we read it (or already exists)."""
+
+
+class Expired(KubeError):
+    """A watch's resourceVersion is too old (410 Gone): list again."""
 
 
 def _client_from_environment(connections: int) -> Any:
@@ -50,15 +54,8 @@ class Kube:
     def close(self) -> None:
         self._api.close()
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: list[tuple[str, str]] | None = None,
-        content_type: str = "application/json",
-    ) -> Any:
+    def _call(self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str,
+              timeout: float | tuple[float, float]) -> Any:  # fmt: skip
         headers = {"Accept": "application/json", "Content-Type": content_type}
         m, url, h, b, _ = self._api.param_serialize(
             method=method,
@@ -68,15 +65,23 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(m, url, header_params=h, body=b, _request_timeout=self._timeout)
+        return self._api.call_api(m, url, header_params=h, body=b, _request_timeout=timeout)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        response = self._call(method, path, body, query, content_type, self._timeout)
         raw = response.read()
         data = json.loads(raw) if raw else None
         if 200 <= response.status < 300:
             return data
-        message = data.get("message", "") if isinstance(data, Mapping) else str(raw)[:500]
-        if response.status == 409:
-            raise Conflict(response.status, message)
-        raise KubeError(response.status, message)
+        _raise(response.status, data, raw)
 
     # DDPJobs
 
@@ -105,18 +110,52 @@ class Kube:
     # Pods and Services
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        selector = f"{api.LABEL_JOB_NAME}={job_name},{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
-        data = self._request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query=[("labelSelector", selector)])
+        selector = f"{api.LABEL_JOB_NAME}={job_name},{_MANAGED}"
+        data = self._request("GET", _pods_path(namespace), query=[("labelSelector", selector)])
         return list(data.get("items") or [])
 
-    def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create if absent: True when created, False when it already existed."""
+    def list_managed_pods(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        """Every pod with the operator's label in ``namespace`` ("": all), and the list's resourceVersion."""
+        data = self._request("GET", _pods_path(namespace), query=[("labelSelector", _MANAGED)])
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_managed_pods(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, pod) for each change after ``version`` until the apiserver ends the watch (``seconds``).
+
+        Raises ``Expired`` when ``version`` is too old to watch from.
+        """
+        query = [("labelSelector", _MANAGED), ("watch", "true"), ("resourceVersion", version),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(seconds))]  # fmt: skip
+        response = self._call("GET", _pods_path(namespace), None, query, "application/json", (10.0, seconds + 30.0))
+        if not 200 <= response.status < 300:
+            raw = response.read()
+            _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
+        stream = response.response
+        try:
+            buffer = b""
+            for chunk in stream.stream(65536, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        _raise(int(obj.get("code") or 500), obj, line)
+                    yield str(event.get("type")), obj
+        finally:
+            stream.release_conn()
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create if absent: the created object, or None when one of that name already existed."""
         plural = {"Pod": "pods", "Service": "services", "Event": "events"}[obj["kind"]]
         try:
-            self._request("POST", f"/api/v1/namespaces/{quote(obj['metadata']['namespace'])}/{plural}", body=obj)
+            created = self._request("POST", f"/api/v1/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
+                                    body=obj)  # fmt: skip
         except Conflict:
-            return False
-        return True
+            return None
+        return dict(created)
 
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
         """Delete if present; with ``uid``, only that incarnation of the name (never a newer pod)."""
@@ -131,3 +170,19 @@ class Kube:
         except KubeError as err:
             if err.status not in (404, 409):  # gone already, or a newer incarnation (uid precondition)
                 raise
+
+
+_MANAGED = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+
+
+def _pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+
+
+def _raise(status: int, data: Any, raw: bytes) -> NoReturn:
+    message = data.get("message", "") if isinstance(data, Mapping) else str(raw)[:500]
+    if status == 409:
+        raise Conflict(status, message)
+    if status == 410:
+        raise Expired(status, message)
+    raise KubeError(status, message)

@@ -7,7 +7,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ddpjob_operator import builders
+from ddpjob_operator.api import parse_job
 from ddpjob_operator.controller import Bodies, reconcile
+from ddpjob_operator.podcache import PodIndex
 
 from . import factories
 
@@ -43,9 +46,9 @@ class FakeKube:
         self.job = {**body, "metadata": {**body["metadata"], "resourceVersion": rv}}
         return self.job
 
-    def create(self, obj: dict[str, Any]) -> bool:
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         self._call(f"POST {obj['kind']}")
-        return True
+        return {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{obj['metadata']['name']}"}}
 
 
 def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get() -> None:
@@ -85,3 +88,50 @@ def test_our_own_write_never_replaces_a_body_the_watch_delivered_meanwhile() -> 
     bodies.put(KEY, newer)
     bodies.wrote(KEY, written, {"rv": "2'"})
     assert bodies.get(KEY) is newer, "the user's change that came in during the reconcile is kept"
+
+
+class FakeCache:
+    """A synced pod cache that shows ``pods`` for the job, whatever the apiserver holds."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.index = PodIndex()
+        self.shown = pods
+
+    def pods(self, key: tuple[str, str]) -> list[dict[str, Any]]:
+        return self.shown + self.index.pods(key)
+
+
+def failed(pod: dict[str, Any], exit_code: int) -> dict[str, Any]:
+    terminated = {"exitCode": exit_code, "finishedAt": "2026-11-23T00:00:00Z"}
+    status = {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
+    return {**pod, "metadata": {**pod["metadata"], "uid": f"uid-{pod['metadata']['name']}"}, "status": status}
+
+
+def test_with_a_pod_cache_a_new_job_needs_no_list_and_its_created_pods_are_in_the_cache_at_once() -> None:
+    kube = FakeKube(replicas=2)
+    cache = FakeCache([])
+    reconcile(kube, *KEY, pods=cache)  # type: ignore[arg-type]
+    assert "LIST pods" not in kube.calls and kube.calls.count("POST Pod") == 2
+    assert sorted(p["metadata"]["name"] for p in cache.index.pods(KEY)) == ["train-0", "train-1"]
+    kube.calls.clear()
+    reconcile(kube, *KEY, pods=cache)  # type: ignore[arg-type]
+    assert "POST Pod" not in kube.calls, "the pods just created are not created again before the watch shows them"
+
+
+class ListsRunningPods(FakeKube):
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        self._call("LIST pods")
+        job = parse_job(self.job)
+        return [{**builders.pod(job, r, 0), "status": {"phase": "Running"}} for r in range(job.spec.replicas)]
+
+
+def test_a_plan_that_would_end_the_job_from_the_cache_alone_is_made_again_from_a_list() -> None:
+    kube = ListsRunningPods(replicas=2)
+    reconcile(kube, *KEY)  # type: ignore[arg-type]
+    reconcile(kube, *KEY)  # type: ignore[arg-type]  # the ranks run: phase Running
+    job = parse_job(kube.job)
+    stale = [failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)]  # a permanent failure
+    kube.calls.clear()
+    reconcile(kube, *KEY, pods=FakeCache(stale))  # type: ignore[arg-type]
+    assert "LIST pods" in kube.calls, "the cache said the job failed: the apiserver is asked before acting"
+    assert kube.job["status"]["phase"] != "Failed"

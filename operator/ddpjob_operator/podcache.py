@@ -1,0 +1,193 @@
+"""The operator's pods, kept current by one list-and-watch: reconciles read it instead of a LIST each.
+
+Like client-go's informer cache. A LIST fills it, then a WATCH from that LIST's resourceVersion
+keeps it current; a watch the apiserver ends is resumed from the last version seen, and one
+that expired (410 Gone) or failed is replaced by a fresh LIST. So the cache lags the apiserver
+but never misses a change for long, deletions during a gap included.
+
+It never leads, but for one thing: a pod the operator has just created is added from the POST's
+answer, so the next reconcile, woken before the watch delivers the pod, does not create it again.
+The controller reads the apiserver itself before it deletes anything (see ``controller``).
+
+The watch asks for the operator's label only (``managed-by``), per watched namespace, or across
+the cluster when the operator watches all of them (or globs, which it matches here).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ddpjob_operator import api
+from ddpjob_operator.kube import Expired, Kube
+
+log = logging.getLogger("ddpjob_operator")
+
+Key = tuple[str, str]  # namespace, job name
+Pod = dict[str, Any]
+
+WATCH_SECONDS = 300
+"""The apiserver ends each watch after this long; it is resumed from the last version seen."""
+RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
+
+
+def slim(pod: Mapping[str, Any]) -> Pod:
+    """What reconciles read of a pod (``status.pod_view``): the rest of the body (managedFields, the
+    containers) is most of its size, so thousands of pods are kept in a fraction of the memory."""
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {
+        "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
+        "spec": {"nodeName": node} if node else {},
+        "status": pod.get("status") or {},
+    }
+
+
+def job_key(pod: Mapping[str, Any]) -> Key | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(api.LABEL_JOB_NAME)
+    return (str(meta.get("namespace", "")), str(job)) if job else None
+
+
+class PodIndex:
+    """Each job's pods by name, slimmed (``slim``). Thread-safe; no I/O."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[Key, dict[str, Pod]] = {}
+        self._lock = threading.Lock()
+
+    def pods(self, key: Key) -> list[Pod]:
+        with self._lock:
+            return list(self._jobs.get(key, {}).values())
+
+    def apply(self, kind: str, pod: Pod) -> Key | None:
+        """A watch event (ADDED, MODIFIED or DELETED); returns the job it concerns."""
+        key = job_key(pod)
+        if key is None:
+            return None
+        meta = pod["metadata"]
+        with self._lock:
+            pods = self._jobs.setdefault(key, {})
+            if kind != "DELETED":
+                pods[meta["name"]] = slim(pod)
+            elif _uid(pods.get(meta["name"])) == meta.get("uid"):  # not a newer pod of the same name
+                del pods[meta["name"]]
+            if not pods:
+                del self._jobs[key]
+        return key
+
+    def created(self, pod: Pod) -> None:
+        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
+        self.apply("ADDED", pod)
+
+    def replace(self, namespace: str, pods: Iterable[Pod]) -> set[Key]:
+        """A LIST of ``namespace`` ("": all): it replaces what was there; returns every job it touched."""
+        fresh: dict[Key, dict[str, Pod]] = {}
+        for pod in pods:
+            key = job_key(pod)
+            if key is not None:
+                fresh.setdefault(key, {})[pod["metadata"]["name"]] = slim(pod)
+        with self._lock:
+            stale = {k for k in self._jobs if not namespace or k[0] == namespace}
+            for k in stale:
+                del self._jobs[k]
+            self._jobs.update(fresh)
+        return stale | set(fresh)
+
+
+def _uid(pod: Pod | None) -> str | None:
+    return (pod.get("metadata") or {}).get("uid") if pod is not None else None
+
+
+class PodCache:
+    """Keeps a ``PodIndex`` current from the apiserver, on one thread per watched namespace.
+
+    ``namespaces``: the operator's (empty: all; globs are matched here against a cluster-wide
+    watch). ``changed`` is called, from those threads, with each job whose pods changed.
+    """
+
+    def __init__(self, kube: Kube, namespaces: Sequence[str], changed: Callable[[Key], None]) -> None:
+        self.index = PodIndex()
+        self._kube = kube
+        self._changed = changed
+        globs = [ns for ns in namespaces if any(c in ns for c in "*?[")]
+        self._patterns = list(namespaces) if globs else []
+        scopes = [""] if not namespaces or globs else list(dict.fromkeys(namespaces))
+        self._unsynced = set(scopes)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(ns,), name=f"pods-{ns or 'all'}", daemon=True) for ns in scopes
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """The threads end at their watch's next event or timeout; as daemons they never hold up exit."""
+        self._stopped.set()
+
+    @property
+    def synced(self) -> bool:
+        """Whether every watched namespace has been listed once."""
+        return not self._unsynced
+
+    def pods(self, key: Key) -> list[Pod] | None:
+        """The job's pods as last seen; None until synced (the caller then lists them itself)."""
+        return self.index.pods(key) if self.synced else None
+
+    def _wanted(self, pod: Pod) -> bool:
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        return not self._patterns or any(fnmatch.fnmatchcase(namespace, p) for p in self._patterns)
+
+    def _run(self, namespace: str) -> None:
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                version = self._list(namespace)
+                failures = 0
+                while not self._stopped.is_set():
+                    version = self._watch(namespace, version)
+            except Expired:
+                log.info("pod watch of %s expired; listing again", namespace or "all namespaces")
+            except Exception as err:  # the apiserver restarting, a network blip: list again, with backoff
+                if self._stopped.is_set():
+                    return
+                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                failures += 1
+                log.warning("pod watch of %s failed (%s); listing again in %.1fs", namespace or "all namespaces",
+                            err, delay)  # fmt: skip
+                self._stopped.wait(delay)
+
+    def _list(self, namespace: str) -> str:
+        items, version = self._kube.list_managed_pods(namespace)
+        touched = self.index.replace(namespace, [p for p in items if self._wanted(p)])
+        with self._lock:
+            self._unsynced.discard(namespace)
+        for key in touched:
+            self._changed(key)
+        return version
+
+    def _watch(self, namespace: str, version: str) -> str:
+        """Follow one watch until the apiserver ends it; returns the version to resume from."""
+        started = time.monotonic()
+        for kind, pod in self._kube.watch_managed_pods(namespace, version, WATCH_SECONDS):
+            version = str(pod.get("metadata", {}).get("resourceVersion") or version)
+            if kind == "BOOKMARK" or not self._wanted(pod):
+                continue
+            key = self.index.apply(kind, pod)
+            if key is not None:
+                self._changed(key)
+            if self._stopped.is_set():
+                break
+        if time.monotonic() - started < 1.0:
+            self._stopped.wait(1.0)  # a watch that ends at once, over and over, must not spin
+        return version

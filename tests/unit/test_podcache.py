@@ -1,0 +1,82 @@
+"""The pod index: watch events, our own creates and a fresh LIST, each with its one rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpjob_operator import api
+from ddpjob_operator.podcache import PodIndex, slim
+from ddpjob_operator.status import pod_view
+
+
+def pod(name: str, uid: str, *, job: str = "train", namespace: str = "ns", phase: str = "Pending") -> dict[str, Any]:
+    labels = {api.LABEL_JOB_NAME: job, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+    return {"metadata": {"name": name, "uid": uid, "namespace": namespace, "labels": labels},
+            "status": {"phase": phase}}  # fmt: skip
+
+
+def names(index: PodIndex, job: str = "train", namespace: str = "ns") -> list[tuple[str, str]]:
+    return sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in index.pods((namespace, job)))
+
+
+def test_watch_events_add_replace_and_delete_a_jobs_pods() -> None:
+    index = PodIndex()
+    assert index.apply("ADDED", pod("train-0", "a")) == ("ns", "train")
+    index.apply("ADDED", pod("train-1", "b"))
+    index.apply("MODIFIED", pod("train-0", "a", phase="Running"))
+    assert [p["status"]["phase"] for p in index.pods(("ns", "train")) if p["metadata"]["name"] == "train-0"] == [
+        "Running"
+    ]
+    index.apply("DELETED", pod("train-1", "b"))
+    assert names(index) == [("train-0", "a")]
+
+
+def test_the_late_deletion_of_an_older_pod_does_not_remove_the_newer_pod_of_the_same_name() -> None:
+    index = PodIndex()
+    index.apply("ADDED", pod("train-0", "old"))
+    index.created(pod("train-0", "new"))  # our POST answered before the watch told of the old one's end
+    index.apply("DELETED", pod("train-0", "old"))
+    assert names(index) == [("train-0", "new")]
+
+
+def test_a_pod_without_the_job_label_is_ignored() -> None:
+    index = PodIndex()
+    stray = pod("x", "u")
+    del stray["metadata"]["labels"][api.LABEL_JOB_NAME]
+    assert index.apply("ADDED", stray) is None
+    assert index.pods(("ns", "train")) == []
+
+
+def test_a_list_replaces_its_namespace_and_reports_jobs_gone_and_new() -> None:
+    index = PodIndex()
+    index.apply("ADDED", pod("a-0", "1", job="a"))
+    index.apply("ADDED", pod("b-0", "2", job="b"))
+    index.apply("ADDED", pod("c-0", "3", job="c", namespace="other"))
+    touched = index.replace("ns", [pod("b-0", "2", job="b"), pod("d-0", "4", job="d")])
+    assert touched == {("ns", "a"), ("ns", "b"), ("ns", "d")}  # a's pod went away during a gap
+    assert names(index, "a") == [] and names(index, "d") == [("d-0", "4")]
+    assert names(index, "c", "other") == [("c-0", "3")]  # another namespace's watch owns it
+
+
+def test_a_cluster_wide_list_replaces_everything() -> None:
+    index = PodIndex()
+    index.apply("ADDED", pod("c-0", "3", job="c", namespace="other"))
+    assert index.replace("", []) == {("other", "c")}
+    assert names(index, "c", "other") == []
+
+
+def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
+    whole = pod("train-0", "a", phase="Failed")
+    whole["metadata"] |= {"annotations": {api.ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
+                          "deletionTimestamp": "2026-11-23T00:00:00Z"}  # fmt: skip
+    whole["metadata"]["labels"] |= {api.LABEL_RANK: "0", api.LABEL_ATTEMPT: "2"}
+    whole["spec"] = {"nodeName": "node-1", "containers": [{"name": "trainer", "image": "i", "args": ["x"] * 100}]}
+    whole["status"] = {
+        "phase": "Failed",
+        "podIP": "10.0.0.1",
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 200, "finishedAt": "2026-11-23T00:00:01Z"}}}
+        ],
+    }
+    assert pod_view(slim(whole), "trainer") == pod_view(whole, "trainer")
+    assert "managedFields" not in slim(whole)["metadata"] and "containers" not in slim(whole)["spec"]
