@@ -212,8 +212,7 @@ class OperatorProcess:
             raise RuntimeError(f"the operator exited {self.proc.returncode}; its log:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return cpu_seconds(self.pid)
 
     def memory_mb(self) -> dict[str, float]:
         """VmHWM (peak resident set) and VmRSS (now), in MiB."""
@@ -246,6 +245,40 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy (not idle or waiting for I/O) since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds used by each named process, and by the whole machine, between two readings."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        out = {"machine (all processes)": machine_cpu_seconds()}
+        for name, pid in self.pids.items():
+            try:
+                out[name] = cpu_seconds(pid)
+            except OSError:
+                out[name] = float("nan")
+        return out
+
+    def used(self) -> dict[str, float]:
+        end = self._read()
+        return {name: end[name] - self._start[name] for name in end}
 
 
 class Profiler:
@@ -436,6 +469,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
             before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
             cpu_before = op.cpu_seconds()
+            pids = {c.name: c.pid for c in plane.components if c.pid is not None}
+            meter = CpuMeter({**pids, "operator": op.pid, "this benchmark (load + watch)": os.getpid()})
             load_before = os.getloadavg()[0]
             reconciles_before = op.reconciles()
             profiler = Profiler(op.pid, args.out / f"{NAME}.pyspy.txt") if args.profile else None
@@ -448,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if profiler:
                 profiler.stop()
             cpu = op.cpu_seconds()
+            cpu_by_process = meter.used()
             memory = op.memory_mb()
             load_after = os.getloadavg()[0]
             reconciles = op.reconciles().minus(reconciles_before)
@@ -469,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "wall_s": wall,
         "load_average_1m": [round(load_before, 2), round(load_after, 2)],
         "pod_watch_resumed": watch.resumed,
+        "cpu_seconds_by_process": cpu_by_process,
         "reconciles": reconciles.count,
         "reconcile_mean_s": reconciles.mean,
         "reconcile_p50_s": reconciles.quantile(0.5),
@@ -543,6 +580,10 @@ def report(
     resource_rows = [[f"{v} {r}", f"{h.count:.0f}", _ms(h.quantile(0.5)), _ms(h.quantile(0.99)), _ms(h.mean)]
                      for (v, r), h in busiest]  # fmt: skip
     columns = ["requests", "p50 ms", "p99 ms", "mean ms"]
+    cores = os.cpu_count() or 1
+    cpu = f["cpu_seconds_by_process"]
+    cpu_rows = [[name, f"{used:.1f}", f"{used / max(1, f['done']) * 1000:.1f}", f"{used / f['wall_s']:.2f}"]
+                for name, used in sorted(cpu.items(), key=lambda kv: -kv[1])]  # fmt: skip
     return "\n".join([
         f"### Operator at scale ({f['jobs']} DDPJobs x {args.replicas} ranks, {offered}, box control plane "
         "without a node)",
@@ -555,6 +596,11 @@ def report(
         table(["verb", *columns], verb_rows),
         "",
         table(["busiest (verb resource)", *columns], resource_rows),
+        "",
+        f"CPU used during the load, by process (from /proc; the machine has {cores} cores, so it can give at most "
+        f"{cores} core-seconds per second):",
+        "",
+        table(["process", "CPU seconds", "CPU ms per job", "cores, on average"], cpu_rows),
     ])  # fmt: skip
 
 
