@@ -62,10 +62,14 @@ class Bodies:
     def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return self._bodies.get(key)
 
-    def put(self, key: tuple[str, str], body: dict[str, Any]) -> None:
-        """From the watch: the newest by definition."""
+    def put(self, key: tuple[str, str], body: dict[str, Any]) -> bool:
+        """From the watch: the newest by definition. False when it is the echo of the body we hold
+        (our own status write coming back): the reconcile that wrote it has already acted on it."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
         with self._lock:
+            held = self._bodies.get(key)
             self._bodies[key] = body
+        return version is None or held is None or (held.get("metadata") or {}).get("resourceVersion") != version
 
     def wrote(self, key: tuple[str, str], seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
         """Our write of ``seen`` (None: read with a GET) answered ``written``."""
@@ -194,6 +198,8 @@ def _reconcile(
     if the_plan.delete_job:
         kube.delete_job(namespace, name, job.uid)
         return None
+    if the_plan.create_ranks:
+        return 0.0  # look again at once: with the pods now there, the status says the attempt launched
     return the_plan.requeue_after
 
 

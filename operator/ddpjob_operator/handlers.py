@@ -108,6 +108,8 @@ async def job_event(namespace: str | None, name: str, event: Mapping[str, Any], 
         memo.served.discard(key)
     else:
         memo.served.add(key)
-        if isinstance(event.get("object"), dict):
-            memo.bodies.put(key, event["object"])  # the reconcile starts from it instead of a GET
+        # The reconcile starts from this body instead of a GET. The echo of our own status write
+        # brings nothing new: the reconcile that wrote it has already said when to look again.
+        if isinstance(event.get("object"), dict) and not memo.bodies.put(key, event["object"]):
+            return
     memo.queue.enqueue(key)

@@ -38,16 +38,28 @@ RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
 
 
+_KEPT_STATUS = ("phase", "reason", "podIP", "containerStatuses", "initContainerStatuses")
+
+
 def slim(pod: Mapping[str, Any]) -> Pod:
-    """What reconciles read of a pod (``status.pod_view``): the rest of the body (managedFields, the
-    containers) is most of its size, so thousands of pods are kept in a fraction of the memory."""
+    """What reconciles read of a pod (``status.pod_view``). The rest of the body (managedFields, the
+    containers, the conditions) is most of its size, and changes of it alone need no reconcile."""
     meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     return {
         "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
         "spec": {"nodeName": node} if node else {},
-        "status": pod.get("status") or {},
+        "status": {k: status[k] for k in _KEPT_STATUS if k in status},
     }
+
+
+def _same(a: Pod | None, b: Pod) -> bool:
+    """Whether two slim pods read the same (their resourceVersions aside)."""
+    if a is None:
+        return False
+    return {**a, "metadata": {**a["metadata"], "resourceVersion": ""}} == {
+        **b, "metadata": {**b["metadata"], "resourceVersion": ""}}  # fmt: skip
 
 
 def job_key(pod: Mapping[str, Any]) -> Key | None:
@@ -68,20 +80,25 @@ class PodIndex:
             return list(self._jobs.get(key, {}).values())
 
     def apply(self, kind: str, pod: Pod) -> Key | None:
-        """A watch event (ADDED, MODIFIED or DELETED); returns the job it concerns."""
+        """A watch event (ADDED, MODIFIED or DELETED); returns the job it concerns if what reconciles
+        read of the pod changed (not, say, for the ADDED of a pod we created, or a new condition)."""
         key = job_key(pod)
         if key is None:
             return None
         meta = pod["metadata"]
         with self._lock:
             pods = self._jobs.setdefault(key, {})
+            known = pods.get(meta["name"])
+            changed = True
             if kind != "DELETED":
-                pods[meta["name"]] = slim(pod)
-            elif _uid(pods.get(meta["name"])) == meta.get("uid"):  # not a newer pod of the same name
+                fresh = slim(pod)
+                changed = not _same(known, fresh)
+                pods[meta["name"]] = fresh
+            elif _uid(known) == meta.get("uid"):  # not a newer pod of the same name
                 del pods[meta["name"]]
             if not pods:
                 del self._jobs[key]
-        return key
+        return key if changed else None
 
     def created(self, pod: Pod) -> None:
         """Our POST's answer: the pod exists, whatever the watch has delivered so far."""

@@ -37,6 +37,11 @@ def test_the_job_shows_rendezvous_and_how_many_ranks_joined_until_every_rank_is_
     assert condition(raw.status(namespace, "train"), "Running")["reason"] == "AllRanksRunning"
 
 
+def reasons(raw: Raw, namespace: str) -> list[str]:
+    """The reasons of the job's Events: they are posted off the reconcile, so tests wait for them."""
+    return [e["reason"] for e in raw.events(namespace, "train")]
+
+
 def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
     raw: Raw, namespace: str, operator: Operator
 ) -> None:
@@ -57,7 +62,7 @@ def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
     assert restarting["reason"] == "NoProgress"
     assert "no rank advanced its step for 6s (spec.progressDeadlineSeconds=6)" in restarting["message"]
     assert "not answering: rank 1 (pod train-1 on node unknown)" in restarting["message"]
-    assert "NoProgress" in [e["reason"] for e in raw.events(namespace, "train")]
+    wait_for(lambda: "NoProgress" in reasons(raw, namespace), what="the NoProgress event (posted off the reconcile)")
 
 
 def test_a_slow_rank_is_flagged_with_an_event_and_cleared_when_it_recovers(
@@ -77,10 +82,11 @@ def test_a_slow_rank_is_flagged_with_an_event_and_cleared_when_it_recovers(
 
     flagged = wait_for(straggler("True"), what="StragglerDetected")
     assert flagged["message"].startswith("rank 1 (pod train-1 on node unknown) works 0.3s per step, 30.0x the median")
+    wait_for(lambda: "StragglerDetected" in reasons(raw, namespace), what="the StragglerDetected event")
     (event,) = [e for e in raw.events(namespace, "train") if e["reason"] == "StragglerDetected"]
     assert event["type"] == "Warning" and "pod train-1" in event["message"]
     assert raw.status(namespace, "train")["progress"]["slowestRank"] == 1
     raw.set_pod(namespace, "train-1", "Running", trainer=training())
     cleared = wait_for(straggler("False"), what="StragglerDetected cleared")
     assert cleared["reason"] == "StragglerRecovered"
-    assert "StragglerRecovered" in [e["reason"] for e in raw.events(namespace, "train")]
+    wait_for(lambda: "StragglerRecovered" in reasons(raw, namespace), what="the StragglerRecovered event")

@@ -79,6 +79,16 @@ def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_f
     assert kube.calls[1:3] == ["GET job", "LIST pods"] and kube.calls.count("POST Pod") == 2
 
 
+def test_the_watchs_echo_of_our_own_status_write_is_told_apart_from_news() -> None:
+    bodies = Bodies()
+    assert bodies.put(KEY, {"metadata": {"resourceVersion": "1"}}), "first sight"
+    seen = bodies.get(KEY)
+    written = {"metadata": {"resourceVersion": "2"}}
+    bodies.wrote(KEY, seen, written)
+    assert not bodies.put(KEY, {"metadata": {"resourceVersion": "2"}}), "the echo of our write"
+    assert bodies.put(KEY, {"metadata": {"resourceVersion": "3"}}), "someone else's change"
+
+
 def test_our_own_write_never_replaces_a_body_the_watch_delivered_meanwhile() -> None:
     bodies = Bodies()
     seen, written, newer = {"rv": "1"}, {"rv": "2"}, {"rv": "3"}

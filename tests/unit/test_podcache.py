@@ -80,3 +80,19 @@ def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
     }
     assert pod_view(slim(whole), "trainer") == pod_view(whole, "trainer")
     assert "managedFields" not in slim(whole)["metadata"] and "containers" not in slim(whole)["spec"]
+
+
+def test_only_changes_that_reconciles_read_concern_the_job() -> None:
+    index = PodIndex()
+    created = pod("train-0", "a")
+    created["metadata"]["resourceVersion"] = "5"
+    index.created(created)
+    echoed = pod("train-0", "a")
+    echoed["metadata"]["resourceVersion"] = "5"
+    assert index.apply("ADDED", echoed) is None, "the watch's ADDED of the pod we created: nothing new"
+    unschedulable = pod("train-0", "a")
+    unschedulable["metadata"]["resourceVersion"] = "6"
+    unschedulable["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+    assert index.apply("MODIFIED", unschedulable) is None, "a condition alone changes nothing we read"
+    assert index.apply("MODIFIED", pod("train-0", "a", phase="Running")) == ("ns", "train")
+    assert index.apply("DELETED", pod("train-0", "a")) == ("ns", "train")
