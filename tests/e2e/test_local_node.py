@@ -181,7 +181,8 @@ def test_pods_mounting_one_claim_share_its_directory(core: Any, namespace: str) 
         ),
     )
     wait_for("reader to succeed", lambda: pod_phase(core, "reader", namespace) == "Succeeded", 120)
-    assert not os.path.exists("/mnt/ddpjob-test-shared"), "the node removes the mount points it made"
+    # after the pod's status is written, so not at once
+    wait_for("the node to remove the mount points it made", lambda: not os.path.exists("/mnt/ddpjob-test-shared"), 30)
 
 
 def test_a_sigstopped_process_is_still_reported_running(core: Any, namespace: str, local_node: LocalNode) -> None:
