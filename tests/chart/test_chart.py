@@ -55,6 +55,15 @@ def test_each_watched_namespace_gets_a_role_binding_and_a_namespace_flag() -> No
     assert sorted(p["metadata"]["namespace"] for p in of_kind(docs, "NetworkPolicy")) == ["team-a", "team-b"]
 
 
+def test_the_operators_reconcile_workers_are_a_value() -> None:
+    def workers(*values: str) -> list[str]:
+        args = one(template(*values), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return [a for a in args if a.startswith("--workers")]
+
+    assert workers() == ["--workers=16"]
+    assert workers("--set", "operator.workers=32") == ["--workers=32"]
+
+
 def test_cluster_wide_mode_binds_one_cluster_role_and_watches_all_namespaces() -> None:
     docs = template("--set", "watch.clusterWide=true")
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
@@ -165,6 +174,7 @@ def test_the_training_network_policy_admits_peers_prometheus_and_the_operator_on
         ["--set", "watch.clusterWide=maybe"],
         ["--set", "watch.namespaces=team-a"],
         ["--set", "operator.metricsPort=70000"],
+        ["--set", "operator.workers=0"],
         ["--set", "image.pullPolicy=Sometimes"],
         ["--set", "prometheusRule.thresholds.stragglerRatio=0.5"],
         ["--set", "networkPolicy.metricsPorts[0].colour=red"],
