@@ -43,7 +43,7 @@ from bench import apiserver
 from bench.apiserver import Api
 from bench.common import REPO, RESULTS_DIR, log, machine, percentile, stop_on_sigterm, table, verdict, write_results
 from bench.instrumentation import free_port
-from ddpjob_box.processes import die_with_parent
+from ddpjob_box.operator_process import OperatorProcess
 
 NAME = "operator_scale"
 CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
@@ -183,7 +183,7 @@ class PodWatch:
 # ---------------------------------------------------------------- the operator process
 
 
-class OperatorProcess:
+class Operator(OperatorProcess):
     """The operator as deployed: its own process, every namespace, liveness off.
 
     Its metrics server is on (a free port), only so that we can read its reconcile histogram
@@ -191,24 +191,11 @@ class OperatorProcess:
     """
 
     def __init__(self, kubeconfig: Path, log_path: Path, workers: int = 0) -> None:
-        self.log_path = log_path
         self.metrics_port = free_port()
-        argv = [sys.executable, "-m", "ddpjob_operator", "operator", "--all-namespaces",
-                "--metrics-port", str(self.metrics_port), "--liveness", ""]  # fmt: skip
-        if workers:
-            argv += ["--workers", str(workers)]
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(REPO)}  # fmt: skip
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     preexec_fn=die_with_parent)  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+        super().__init__(kubeconfig, log_path, metrics_port=self.metrics_port, workers=workers)
 
     def check_alive(self) -> None:
-        if self.proc.poll() is not None:
+        if not self.alive():
             raise RuntimeError(f"the operator exited {self.proc.returncode}; its log:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
@@ -228,23 +215,6 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
             text = response.read().decode()
         return apiserver.histograms(text, RECONCILE).get(("", ""), apiserver.Histogram())
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def errors(self) -> list[str]:
-        text = self.log_path.read_text(errors="replace")
-        return [line for line in text.splitlines() if "ERROR" in line or "Traceback" in line]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -457,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for ns in ("bench-warmup", "bench-scale"):
             client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
         args.out.mkdir(parents=True, exist_ok=True)
-        op = OperatorProcess(plane.kubeconfig, args.out / f"{NAME}.operator.log", args.workers)
+        op = Operator(plane.kubeconfig, args.out / f"{NAME}.operator.log", args.workers)
         watch = PodWatch(client, args.replicas)
         try:
             started = time.monotonic()

@@ -8,7 +8,6 @@ table and the Prometheus URL. Ctrl-C at any point tears everything down.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import yaml
 from ddpjob_box import toolchain
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
+from ddpjob_box.operator_process import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "manifests" / "cpu-ddp.yaml"
@@ -134,7 +134,7 @@ def run(keep: bool) -> int:
     metrics_port = int(manifest_job["spec"].get("metricsPort", 9090))
     with tempfile.TemporaryDirectory(prefix="ddpjob-demo-") as tmp:
         box = Box(data_dir=Path(tmp) / "box")
-        operator: subprocess.Popen[bytes] | None = None
+        operator: OperatorProcess | None = None
         try:
             print(
                 "starting the box: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, local node, "
@@ -148,25 +148,8 @@ def run(keep: bool) -> int:
             demo.kubectl("apply", "--server-side", "-f", str(CRD))
             demo.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
             demo.kubectl("create", "namespace", NAMESPACE)
-            log = open(box.plane.logs_dir / "operator.log", "wb")  # noqa: SIM115 - lives as long as the operator
-            operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "ddpjob_operator",
-                    "operator",
-                    "-n",
-                    NAMESPACE,
-                    "--metrics-port",
-                    "0",
-                    "--liveness",
-                    "",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, KUBECONFIG=str(box.plane.kubeconfig)),
-                start_new_session=True,
-            )
+            operator = OperatorProcess(box.plane.kubeconfig, box.plane.logs_dir / "operator.log",
+                                       namespaces=[NAMESPACE])  # fmt: skip
             print(f"operator running (log: {box.plane.logs_dir / 'operator.log'})", flush=True)
             print(f"$ kubectl apply -n {NAMESPACE} -f manifests/{MANIFEST.name}", flush=True)
             print(demo.kubectl("apply", "-n", NAMESPACE, "-f", str(MANIFEST)).strip(), flush=True)
@@ -191,12 +174,8 @@ def run(keep: bool) -> int:
             print(f"ddpjob demo: {err}", file=sys.stderr)
             return 2
         finally:
-            if operator is not None and operator.poll() is None:
-                operator.terminate()
-                try:
-                    operator.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    operator.kill()
+            if operator is not None:
+                operator.stop(grace=15)
             box.stop()
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +10,7 @@ from typing import Any
 import pytest
 
 from ddpjob_box import toolchain
+from ddpjob_box.operator_process import OperatorProcess
 from tests.conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,50 +39,11 @@ def kubectl(cluster: Cluster) -> Kubectl:
     return run
 
 
-class OperatorProcess:
-    """``ddpjob operator`` as users run it, against the box, watching one namespace."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path):
-        self.log_path = log
-        env = dict(os.environ, KUBECONFIG=str(kubeconfig))
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "ddpjob_operator",
-                    "operator",
-                    "-n",
-                    namespace,
-                    "--metrics-port",
-                    "0",
-                    "--liveness",
-                    "",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def operator(
     cluster: Cluster, kubectl: Kubectl, local_node: Any, namespace: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log")
+    op = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", namespaces=[namespace])
     try:
         yield op
     finally:

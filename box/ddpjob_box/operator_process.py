@@ -1,0 +1,76 @@
+"""``ddpjob operator`` as its own process, as users run it, against a box: for the demo, tests and benchmarks.
+
+It dies with the process that started it (PR_SET_PDEATHSIG), so a killed demo or test run leaves
+no operator behind; ``stop`` asks it to finish (SIGTERM, which Kopf handles), then kills it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddpjob_box.processes import die_with_parent, tail
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class OperatorProcess:
+    """``namespaces`` empty: all of them. ``metrics_port`` 0 and ``liveness`` "": no servers."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        namespaces: Sequence[str] = (),
+        metrics_port: int = 0,
+        liveness: str = "",
+        workers: int = 0,
+    ) -> None:
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "ddpjob_operator", "operator"]
+        argv += [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
+        argv += ["--metrics-port", str(metrics_port), "--liveness", liveness]
+        if workers:
+            argv += ["--workers", str(workers)]
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches us, and we stop it in order
+                preexec_fn=die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 30) -> str:
+        return tail(self.log_path, lines)
+
+    def errors(self) -> list[str]:
+        """Lines where it logged an error or a traceback."""
+        return [line for line in self.log().splitlines() if "ERROR" in line or "Traceback" in line]
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
