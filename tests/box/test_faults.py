@@ -205,7 +205,7 @@ def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_
     assert len(_processes_mentioning(str(box_data_dir))) >= 5
     pod_pid = _run_a_pod(box_data_dir)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 0
+    assert proc.wait(timeout=120) == 0  # about 15 s; generous for a loaded machine: it is not a timing test
     assert _wait_gone(box_data_dir, 10) == []
     assert _gone(pod_pid), "the pod's process went with the box"
 
