@@ -82,6 +82,7 @@ def main() -> None:
         window.step_done(step)
     if rank == 0:
         emit(loops.result(args, window, world_size, fwd_bwd_ms, syncs))
+    dist.barrier()  # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 
