@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import tempfile
@@ -33,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # SIGTERM takes the same orderly path as Ctrl-C.
+    # SIGTERM takes the same orderly path as Ctrl-C; SIGUSR1 prints every thread's stack (a stuck stop).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "box"
         box = Box(

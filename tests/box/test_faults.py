@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +140,38 @@ def box_data_dir(tmp_path: Path) -> Iterator[Path]:
     teardown_recorded(data_dir / "node")  # the bridge and namespaces of a box that was killed outright
 
 
+class Output:
+    """The rest of a process's output, read on a thread so that the pipe never fills and blocks it."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line)
+
+
+OUTPUT: dict[int, Output] = {}
+
+
+def _wait_or_explain(proc: subprocess.Popen[str], data_dir: Path, timeout: float) -> int:
+    """Wait for ``cluster up`` to exit; if it does not, fail with its threads' stacks (SIGUSR1) and output."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        node_log = (data_dir / "logs" / "node.log").read_text(errors="replace")[-3000:] if data_dir.exists() else ""
+        output = "".join(OUTPUT[proc.pid].lines)[-12000:] if proc.pid in OUTPUT else ""
+        pytest.fail(f"cluster up did not exit within {timeout:.0f}s; its output and stacks:\n{output}\n"
+                    f"--- node.log:\n{node_log}")  # fmt: skip
+
+
 def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpjob_box.cli", "up", "--data-dir", str(data_dir)],
@@ -152,6 +185,7 @@ def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
     for line in proc.stdout:
         if line.startswith("export KUBECONFIG="):
             assert line.strip() == f"export KUBECONFIG={data_dir / 'kubeconfig'}"
+            OUTPUT[proc.pid] = Output(proc)
             return proc
         assert time.monotonic() < deadline, "cluster up did not become ready"
     pytest.fail(f"cluster up exited with {proc.wait()} before printing the KUBECONFIG line")
@@ -205,7 +239,7 @@ def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_
     assert len(_processes_mentioning(str(box_data_dir))) >= 5
     pod_pid = _run_a_pod(box_data_dir)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 0  # about 15 s; generous for a loaded machine: it is not a timing test
+    assert _wait_or_explain(proc, box_data_dir, 120) == 0  # about 15 s alone
     assert _wait_gone(box_data_dir, 10) == []
     assert _gone(pod_pid), "the pod's process went with the box"
 
