@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # SIGTERM takes the same orderly path as Ctrl-C; SIGUSR1 prints every thread's stack (a stuck stop).
+    # SIGINT is set explicitly: a shell starts background jobs with it ignored, and Python keeps that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:

@@ -127,6 +127,7 @@ class Demo:
 
 
 def run(keep: bool) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     kubectl = toolchain.ensure(toolchain.kubernetes_build())["kubectl"]
     manifest_job = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d.get("kind") == "DDPJob")
