@@ -15,7 +15,6 @@ Target: on / off >= 0.99. On / server off shows the server's share.
 from __future__ import annotations
 
 import argparse
-import socket
 import threading
 import urllib.request
 from collections.abc import Sequence
@@ -39,17 +38,11 @@ from bench.common import (
     write_results,
 )
 from bench.trainer_vs_plain import trainer_probe
+from ddpjob_box.ports import free_port
 
 NAME = "instrumentation"
 TARGET = 0.99
 SCRAPE_SECONDS = 2.0  # the box's Prometheus scrape interval (ddpjob_box.prometheus.SCRAPE_SECONDS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Scraper:

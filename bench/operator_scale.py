@@ -42,8 +42,8 @@ import yaml
 from bench import apiserver
 from bench.apiserver import Api
 from bench.common import REPO, RESULTS_DIR, log, machine, percentile, stop_on_sigterm, table, verdict, write_results
-from bench.instrumentation import free_port
 from ddpjob_box.operator_process import OperatorProcess
+from ddpjob_box.ports import free_port
 
 NAME = "operator_scale"
 CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"

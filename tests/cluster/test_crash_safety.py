@@ -7,7 +7,6 @@ like a SIGKILL would; the fault point (DDPJOB_FAULTS) picks the exact moment.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ddpjob_box.ports import free_port
 from ddpjob_operator import api, faults
 from ddpjob_operator.controller import CREATE_PARALLELISM
 
@@ -26,12 +26,6 @@ from .helpers import Raw, job_body, wait_for
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
