@@ -155,12 +155,15 @@ def _reconcile(
     else:
         assert job is not None
         scrapes = progress.scrapes(key) if progress is not None else ()
+
+        def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
+            assert job is not None
+            return plan(job, old, [pod_view(p, job.spec.trainer_container) for p in raw_pods], now, scrapes)
+
         watched = cache.pods(key) if cache is not None else None
-        raw_pods = watched if watched is not None else kube.list_pods(namespace, name)
-        the_plan = plan(job, old, [pod_view(p, job.spec.trainer_container) for p in raw_pods], now, scrapes)
+        the_plan = plan_from(watched if watched is not None else kube.list_pods(namespace, name))
         if watched is not None and _ends_something(old, the_plan):
-            pods = [pod_view(p, job.spec.trainer_container) for p in kube.list_pods(namespace, name)]
-            the_plan = plan(job, old, pods, now, scrapes)
+            the_plan = plan_from(kube.list_pods(namespace, name))
     try:
         written = _write_status(kube, body, old, the_plan.status)
     except KubeError as err:
