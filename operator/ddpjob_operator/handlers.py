@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from ddpjob_operator import api, metrics
+from ddpjob_operator import api, metrics, namespaces
 from ddpjob_operator.controller import Bodies, reconcile
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
@@ -32,8 +32,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING  # our own Events describe transitions
     # Kopf scans namespaces and CRDs to expand globs; a plain list needs no scan, and the namespaced
     # chart grants no cluster-wide list rights (it would log Forbidden on every try).
-    namespaces = list(memo.get("namespaces") or [])
-    settings.scanning.disabled = bool(namespaces) and not any(c in ns for ns in namespaces for c in "*?[!")
+    scope = list(memo.get("namespaces") or [])
+    settings.scanning.disabled = bool(scope) and not namespaces.any_pattern(scope)
     # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
     workers = int(memo.get("workers") or 16)
     sizes = {"reconcile": workers, "create": 2 * workers, "event": max(2, workers // 4)}
@@ -66,7 +66,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     def changed(key: Key) -> None:
         loop.call_soon_threadsafe(wake, key)
 
-    pods = memo.pods = PodCache(Kube(connections=2), namespaces, changed)
+    pods = memo.pods = PodCache(Kube(connections=2), scope, changed)
     pods.start()
     # Each poll wakes the job's worker, which folds the scrapes into the status.
     poller = memo.poller = Poller(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from ddpjob_operator import api
-from ddpjob_operator.podcache import PodIndex, slim
+from ddpjob_operator.podcache import PodCache, PodIndex, slim
 from ddpjob_operator.status import pod_view
 
 
@@ -96,3 +101,45 @@ def test_only_changes_that_reconciles_read_concern_the_job() -> None:
     assert index.apply("MODIFIED", unschedulable) is None, "a condition alone changes nothing we read"
     assert index.apply("MODIFIED", pod("train-0", "a", phase="Running")) == ("ns", "train")
     assert index.apply("DELETED", pod("train-0", "a")) == ("ns", "train")
+
+
+class FakePodSource:
+    """The apiserver's pods for the cache: LISTs record their scope; watches wait until the cache stops."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.listed: list[str] = []
+        self.stopped = threading.Event()
+
+    def list_managed_pods(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        self.listed.append(namespace)
+        return [p for p in self.pods if not namespace or p["metadata"]["namespace"] == namespace], "1"
+
+    def watch_managed_pods(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.stopped.wait(seconds)
+        yield from ()
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "listed", "kept"),
+    [
+        (["team-a"], ["team-a"], {"team-a"}),
+        (["team-*"], [""], {"team-a", "team-b"}),
+        (["!kube-system"], [""], {"team-a", "team-b"}),  # Kopf's exclusion: every namespace but that one
+        (["team-a", "kube-*"], [""], {"team-a", "kube-system"}),  # served when any pattern matches, as in Kopf
+        (["*, !team-b"], [""], {"team-a", "kube-system"}),  # Kopf's comma-separated globs in one pattern
+    ],
+)
+def test_the_cache_watches_the_namespaces_kopf_serves(namespaces: list[str], listed: list[str], kept: set[str]) -> None:
+    source = FakePodSource([pod("x-0", ns, job="x", namespace=ns) for ns in ("team-a", "team-b", "kube-system")])
+    cache = PodCache(source, namespaces, lambda key: None)
+    cache.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not cache.synced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(source.listed) == listed
+        assert {ns for ns in ("team-a", "team-b", "kube-system") if cache.pods((ns, "x"))} == kept
+    finally:
+        cache.stop()
+        source.stopped.set()
