@@ -19,6 +19,7 @@ from concurrent.futures import Executor, Future, wait
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, faults, metrics
 from ddpjob_operator.api import Job, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
@@ -26,13 +27,11 @@ from ddpjob_operator.kube import Conflict, Kube, KubeError
 from ddpjob_operator.podcache import PodCache, PodIndex
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.reconcile import Plan, plan, plan_invalid
-from ddpjob_operator.status import JobStatus, Phase, parse_status, pod_view
+from ddpjob_operator.status import JobStatus, parse_status, pod_view
 
 log = logging.getLogger("ddpjob_operator")
 
 OWNED_STATUS = frozenset(JobStatus().to_dict())
-REASON_POD_CREATE_FAILED = "PodCreateFailed"
-REASON_INVALID_POD = "InvalidPodTemplate"
 CREATE_PARALLELISM = 8
 """Pods of one job created at once. A crash mid-wave leaves at most one wave's pods: harmless, as
 creates are create-if-absent and the status (written first) says which attempt they belong to."""
@@ -257,7 +256,7 @@ def _count_transition(old: JobStatus, new: JobStatus) -> None:
     if new.phase is not old.phase and new.phase is Phase.SUCCEEDED:
         metrics.JOBS_SUCCEEDED.inc()
     if new.phase is not old.phase and new.phase is Phase.FAILED:
-        failed = new.condition("Failed")
+        failed = new.condition(ConditionType.FAILED)
         metrics.JOBS_FAILED.labels(reason=failed.reason if failed else "").inc()
     if new.restarts > old.restarts:
         metrics.JOBS_RESTARTED.inc(new.restarts - old.restarts)
@@ -281,11 +280,11 @@ def _create_failed(
     if err.status in (400, 422):
         message = f"the apiserver refused a pod built from spec.template: {err}"
         failed = plan_invalid(the_plan.status, message, job.generation, now).status
-        failed = failed.with_condition("Failed", True, REASON_INVALID_POD, message, now)
+        failed = failed.with_condition(ConditionType.FAILED, True, Reason.INVALID_POD, message, now)
         fresh = kube.get_job(job.namespace, job.name)
         if fresh is not None:
             _write_status(kube, fresh, parse_status(fresh.get("status")), failed)
-            _post_events(kube, fresh, failed.attempt, (Event(REASON_INVALID_POD, message, warning=True),), now)
+            _post_events(kube, fresh, failed.attempt, (Event(Reason.INVALID_POD, message, warning=True),), now)
         return 0.0
-    _post_events(kube, body, the_plan.status.attempt, (Event(REASON_POD_CREATE_FAILED, str(err), warning=True),), now)
+    _post_events(kube, body, the_plan.status.attempt, (Event(Reason.POD_CREATE_FAILED, str(err), warning=True),), now)
     raise err

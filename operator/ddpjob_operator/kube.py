@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
 from ddpjob_operator import api
 
 
@@ -110,7 +111,7 @@ class Kube:
     # Pods and Services
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        selector = f"{api.LABEL_JOB_NAME}={job_name},{_MANAGED}"
+        selector = f"{LABEL_JOB_NAME}={job_name},{_MANAGED}"
         data = self._request("GET", _pods_path(namespace), query=[("labelSelector", selector)])
         return list(data.get("items") or [])
 
@@ -172,7 +173,7 @@ class Kube:
                 raise
 
 
-_MANAGED = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+_MANAGED = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 def _pods_path(namespace: str) -> str:

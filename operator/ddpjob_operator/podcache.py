@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from ddpjob_operator import api, namespaces
+from ddpjob_contract.pods import LABEL_JOB_NAME
+from ddpjob_operator import namespaces
 from ddpjob_operator.kube import Expired
 
 log = logging.getLogger("ddpjob_operator")
@@ -63,7 +64,7 @@ def _same(a: Pod | None, b: Pod) -> bool:
 
 def job_key(pod: Mapping[str, Any]) -> Key | None:
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(api.LABEL_JOB_NAME)
+    job = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
     return (str(meta.get("namespace", "")), str(job)) if job else None
 
 

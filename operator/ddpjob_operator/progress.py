@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ddp_trainer import metric_names as names
+from ddpjob_contract import metrics as names
 
 WINDOW_SECONDS = 60.0
 """The status figures (samples/s, step time p50, per-rank times) cover at most the last minute."""

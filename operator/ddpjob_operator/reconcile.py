@@ -12,33 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import progress
 from ddpjob_operator.api import Job, RestartPolicy
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
 from ddpjob_operator.progress import Scrape, Summary, Target
 from ddpjob_operator.status import (
-    REASON_ALL_RUNNING,
-    REASON_ALL_SUCCEEDED,
-    REASON_BACKOFF,
-    REASON_CREATED,
-    REASON_DEADLINE,
-    REASON_INVALID,
-    REASON_NO_PROGRESS,
-    REASON_NON_RETRYABLE,
-    REASON_PODS_PENDING,
-    REASON_RECOVERED,
-    REASON_RENDEZVOUS,
-    REASON_RESUMED,
-    REASON_RETRYABLE,
-    REASON_SPEC_CHANGED,
-    REASON_STRAGGLER,
-    REASON_STRAGGLER_RECOVERED,
-    REASON_SUSPENDED,
-    REASON_TTL,
     JobStatus,
     Observation,
-    Phase,
     PodView,
     observe,
     summarize,
@@ -46,7 +28,6 @@ from ddpjob_operator.status import (
 
 RESYNC_SECONDS = 300.0
 """Reconcile a live job at least this often, even when no event arrives."""
-REASON_LAUNCHED = "AttemptLaunched"
 RENDEZVOUS_POLL_SECONDS = 2.0
 """Poll this often while ranks are joining: the wait for Running is short and worth seeing soon."""
 
@@ -78,14 +59,18 @@ def _min(*values: float | None) -> float | None:
 
 def _finish(status: JobStatus, *, succeeded: bool, reason: str, message: str, now: datetime) -> JobStatus:
     status = replace(status, phase=Phase.SUCCEEDED if succeeded else Phase.FAILED, completion_time=now)
-    status = status.with_condition("Succeeded" if succeeded else "Failed", True, reason, message, now)
-    status = status.with_condition("Running", False, reason, message, now)
-    restarting = status.condition("Restarting")
+    status = status.with_condition(
+        ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED, True, reason, message, now
+    )
+    status = status.with_condition(ConditionType.RUNNING, False, reason, message, now)
+    restarting = status.condition(ConditionType.RESTARTING)
     if restarting and restarting.status:
-        status = status.with_condition("Restarting", False, reason, message, now)
-    flagged = status.condition("StragglerDetected")
+        status = status.with_condition(ConditionType.RESTARTING, False, reason, message, now)
+    flagged = status.condition(ConditionType.STRAGGLER_DETECTED)
     if flagged and flagged.status:
-        status = status.with_condition("StragglerDetected", False, REASON_STRAGGLER_RECOVERED, "the job finished", now)
+        status = status.with_condition(
+            ConditionType.STRAGGLER_DETECTED, False, Reason.STRAGGLER_RECOVERED, "the job finished", now
+        )
     return status
 
 
@@ -95,8 +80,8 @@ def _restart_gang(
     """The next attempt, counted as a restart: Restarting, not Running, and a Warning Event saying why."""
     status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
     message = f"{cause}; restarting the gang as attempt {status.attempt} (restart {status.restarts} of {backoff_limit})"
-    status = status.with_condition("Restarting", True, reason, message, now)
-    status = status.with_condition("Running", False, reason, message, now)
+    status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
+    status = status.with_condition(ConditionType.RUNNING, False, reason, message, now)
     events.append(Event(reason, message, warning=True))
     return status
 
@@ -104,14 +89,14 @@ def _restart_gang(
 def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: list[Event]) -> Plan:
     """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
     rp = job.spec.run_policy
-    failed = status.condition("Failed")
-    by_deadline = bool(failed and failed.status and failed.reason == REASON_DEADLINE)
+    failed = status.condition(ConditionType.FAILED)
+    by_deadline = bool(failed and failed.status and failed.reason == Reason.DEADLINE)
     keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), deadline_exceeded=by_deadline)
     deletes = _deletable([*obs.stale, *(p for p in obs.current.values() if p.name in keep)])
     left = ttl.seconds_left(status.completion_time, rp.ttl_seconds_after_finished, now)
     expired = left is not None and left <= 0
     if expired:
-        events.append(Event(REASON_TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"))
+        events.append(Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"))
     return Plan(
         status=summarize(status, obs, job.spec.replicas),
         delete_pods=deletes,
@@ -144,8 +129,8 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
             f"master {job.name}-0.{job.name}:{spec.port}"
         )
         status = replace(status, phase=Phase.PENDING, start_time=None if rp.suspend else now)
-        status = status.with_condition("Created", True, REASON_CREATED, message, now)
-        events.append(Event(REASON_CREATED, message))
+        status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
+        events.append(Event(Reason.CREATED, message))
 
     obs = look()
     if status.phase.finished:
@@ -155,14 +140,14 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
     if transition is suspend.Transition.SUSPEND:
         message = f"attempt {status.attempt} stopped: pods deleted; clear spec.runPolicy.suspend to resume"
         status = replace(status, phase=Phase.SUSPENDED, start_time=None)
-        status = status.with_condition("Suspended", True, REASON_SUSPENDED, message, now)
-        status = status.with_condition("Running", False, REASON_SUSPENDED, message, now)
-        events.append(Event(REASON_SUSPENDED, message))
+        status = status.with_condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message, now)
+        status = status.with_condition(ConditionType.RUNNING, False, Reason.SUSPENDED, message, now)
+        events.append(Event(Reason.SUSPENDED, message))
     elif transition is suspend.Transition.RESUME:
         status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1, start_time=now)
         message = f"resumed as attempt {status.attempt}"
-        status = status.with_condition("Suspended", False, REASON_RESUMED, message, now)
-        events.append(Event(REASON_RESUMED, message))
+        status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
+        events.append(Event(Reason.RESUMED, message))
         obs = look()
     if status.phase is Phase.SUSPENDED:
         return Plan(
@@ -173,27 +158,27 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
 
     if deadline.exceeded(status.start_time, rp.active_deadline_seconds, now):
         message = f"ran longer than spec.runPolicy.activeDeadlineSeconds={rp.active_deadline_seconds}"
-        status = _finish(status, succeeded=False, reason=REASON_DEADLINE, message=message, now=now)
-        events.append(Event(REASON_DEADLINE, message, warning=True))
+        status = _finish(status, succeeded=False, reason=Reason.DEADLINE, message=message, now=now)
+        events.append(Event(Reason.DEADLINE, message, warning=True))
         return _finished_plan(job, status, obs, now, events)
 
     if obs.outdated:
         # The spec was edited while suspended and resumed before we saw it: start afresh.
         status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
         message = f"the pods were built from an older spec; starting attempt {status.attempt}"
-        events.append(Event(REASON_SPEC_CHANGED, message))
+        events.append(Event(Reason.SPEC_CHANGED, message))
         obs = look()
 
     decision = restart.decide(obs.failures, rp, status.restarts)
     if decision is not None and decision.restart:
-        status = _restart_gang(status, decision.cause.describe(), REASON_RETRYABLE, rp.backoff_limit, now, events)
+        status = _restart_gang(status, decision.cause.describe(), Reason.RETRYABLE, rp.backoff_limit, now, events)
         obs = look()
     elif decision is not None:
         if decision.backoff_exceeded:
-            reason = REASON_BACKOFF
+            reason = Reason.BACKOFF
             message = f"{decision.cause.describe()}; no restarts left (spec.runPolicy.backoffLimit={rp.backoff_limit})"
         else:
-            reason = REASON_NON_RETRYABLE
+            reason = Reason.NON_RETRYABLE
             message = f"{decision.cause.describe()}: not retryable under restartPolicy {rp.restart_policy.value}"
         status = _finish(status, succeeded=False, reason=reason, message=message, now=now)
         events.append(Event(reason, message, warning=True))
@@ -205,11 +190,11 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
     if decision is None and summary is not None and status.phase is Phase.RUNNING:
         stuck = _no_progress(job, status, summary)
         if stuck and rp.restart_policy is not RestartPolicy.NEVER and status.restarts < rp.backoff_limit:
-            status = _restart_gang(status, stuck, REASON_NO_PROGRESS, rp.backoff_limit, now, events)
+            status = _restart_gang(status, stuck, Reason.NO_PROGRESS, rp.backoff_limit, now, events)
             obs = look()
         elif stuck:
             never = rp.restart_policy is RestartPolicy.NEVER
-            reason = REASON_NO_PROGRESS if never else REASON_BACKOFF
+            reason = Reason.NO_PROGRESS if never else Reason.BACKOFF
             message = f"{stuck}; " + (
                 "not retried under restartPolicy Never" if never
                 else f"no restarts left (spec.runPolicy.backoffLimit={rp.backoff_limit})"
@@ -230,32 +215,34 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
             if status.phase is Phase.RESTARTING:
                 status = replace(status, phase=Phase.PENDING)
             message = f"all {spec.replicas} pods of attempt {status.attempt} exist"
-            events.append(Event(REASON_LAUNCHED, message))
+            events.append(Event(Reason.LAUNCHED, message))
             launched = True
 
     if launched and obs.all_succeeded(spec.replicas):
         message = f"all {spec.replicas} ranks exited 0 (attempt {status.attempt})"
-        status = _finish(status, succeeded=True, reason=REASON_ALL_SUCCEEDED, message=message, now=now)
-        events.append(Event(REASON_ALL_SUCCEEDED, message))
+        status = _finish(status, succeeded=True, reason=Reason.ALL_SUCCEEDED, message=message, now=now)
+        events.append(Event(Reason.ALL_SUCCEEDED, message))
         return _finished_plan(job, status, obs, now, events)
     joined = _joined(job, status, obs, scrapes)
     if launched and obs.all_started(spec.replicas) and status.phase is not Phase.RUNNING and joined < spec.world_size:
         status = replace(status, phase=Phase.RENDEZVOUS)
         message = f"{joined} of {spec.world_size} ranks joined the process group"
-        status = status.with_condition("Running", False, REASON_RENDEZVOUS, message, now)
+        status = status.with_condition(ConditionType.RUNNING, False, Reason.RENDEZVOUS, message, now)
     elif launched and obs.all_started(spec.replicas):
         if status.phase is not Phase.RUNNING:
             status = replace(status, phase=Phase.RUNNING)
             message = f"all {spec.replicas} ranks are running (attempt {status.attempt})"
-            status = status.with_condition("Running", True, REASON_ALL_RUNNING, message, now)
-            restarting = status.condition("Restarting")
+            status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
+            restarting = status.condition(ConditionType.RESTARTING)
             if restarting and restarting.status:
-                status = status.with_condition("Restarting", False, REASON_RECOVERED, message, now)
-            events.append(Event(REASON_ALL_RUNNING, message))
+                status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
+            events.append(Event(Reason.ALL_RUNNING, message))
     elif status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays Running
         status = replace(status, phase=Phase.PENDING)
-        if status.condition("Running") is None:
-            status = status.with_condition("Running", False, REASON_PODS_PENDING, "no rank has started yet", now)
+        if status.condition(ConditionType.RUNNING) is None:
+            status = status.with_condition(
+                ConditionType.RUNNING, False, Reason.PODS_PENDING, "no rank has started yet", now
+            )
 
     left = deadline.seconds_left(status.start_time, rp.active_deadline_seconds, now)
     return Plan(
@@ -333,7 +320,7 @@ def _fold_progress(
     )
     status = replace(status, progress=new)
     flagged = straggler.flagged(state, spec.straggler.window_seconds, summary.at)
-    current = status.condition("StragglerDetected")
+    current = status.condition(ConditionType.STRAGGLER_DETECTED)
     if flagged and candidate and state and not (current and current.status):
         rank = next(r for r in summary.ranks if r.rank == state.rank)
         message = (
@@ -342,24 +329,26 @@ def _fold_progress(
             f"({candidate[2]:.3g}s), for {spec.straggler.window_seconds}s "
             f"(spec.straggler factor {spec.straggler.factor:g}, window {spec.straggler.window_seconds}s)"
         )
-        status = status.with_condition("StragglerDetected", True, REASON_STRAGGLER, message, summary.at)
+        status = status.with_condition(ConditionType.STRAGGLER_DETECTED, True, Reason.STRAGGLER, message, summary.at)
         events.append(
-            Event(REASON_STRAGGLER, message, warning=True, key=f"{state.rank}.{int(state.since.timestamp())}")
+            Event(Reason.STRAGGLER, message, warning=True, key=f"{state.rank}.{int(state.since.timestamp())}")
         )
     elif not flagged and current and current.status and known:
         message = f"every rank works within {spec.straggler.factor:g}x the median of the others"
         if current.message.startswith("rank "):
             message = current.message.split(")")[0] + f") recovered: {message}"
-        status = status.with_condition("StragglerDetected", False, REASON_STRAGGLER_RECOVERED, message, summary.at)
+        status = status.with_condition(
+            ConditionType.STRAGGLER_DETECTED, False, Reason.STRAGGLER_RECOVERED, message, summary.at
+        )
         since = int(current.last_transition_time.timestamp()) if current.last_transition_time else 0
-        events.append(Event(REASON_STRAGGLER_RECOVERED, message, key=str(since)))
+        events.append(Event(Reason.STRAGGLER_RECOVERED, message, key=str(since)))
     return status, summary
 
 
 def _no_progress(job: Job, status: JobStatus, summary: Summary) -> str:
     """Why the progress deadline has passed (naming the ranks that did not answer), or "" if it has not."""
     prog = status.progress
-    running = status.condition("Running")
+    running = status.condition(ConditionType.RUNNING)
     running_since = running.last_transition_time if running and running.status else None
     last = prog.last_progress_time if prog else None
     limit = job.spec.progress_deadline_seconds
@@ -376,5 +365,5 @@ def plan_invalid(old: JobStatus, error: str, generation: int, now: datetime) -> 
     status = replace(old, observed_generation=generation)
     if status.phase.finished:
         return Plan(status=status)
-    status = _finish(status, succeeded=False, reason=REASON_INVALID, message=error, now=now)
-    return Plan(status=status, events=(Event(REASON_INVALID, error, warning=True),))
+    status = _finish(status, succeeded=False, reason=Reason.INVALID, message=error, now=now)
+    return Plan(status=status, events=(Event(Reason.INVALID, error, warning=True),))

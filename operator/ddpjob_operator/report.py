@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddp_trainer import metric_names as names
+from ddpjob_contract import metrics as names
 from ddpjob_operator import progress
 from ddpjob_operator.progress import RankSample, Target
 

@@ -9,13 +9,20 @@ from typing import Any
 
 import pytest
 
-from ddpjob_operator import api
+from ddpjob_contract.pods import (
+    ANNOTATION_SPEC_HASH,
+    LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_RANK,
+    MANAGED_BY,
+)
 from ddpjob_operator.podcache import PodCache, PodIndex, slim
 from ddpjob_operator.status import pod_view
 
 
 def pod(name: str, uid: str, *, job: str = "train", namespace: str = "ns", phase: str = "Pending") -> dict[str, Any]:
-    labels = {api.LABEL_JOB_NAME: job, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+    labels = {LABEL_JOB_NAME: job, LABEL_MANAGED_BY: MANAGED_BY}
     return {"metadata": {"name": name, "uid": uid, "namespace": namespace, "labels": labels},
             "status": {"phase": phase}}  # fmt: skip
 
@@ -47,7 +54,7 @@ def test_the_late_deletion_of_an_older_pod_does_not_remove_the_newer_pod_of_the_
 def test_a_pod_without_the_job_label_is_ignored() -> None:
     index = PodIndex()
     stray = pod("x", "u")
-    del stray["metadata"]["labels"][api.LABEL_JOB_NAME]
+    del stray["metadata"]["labels"][LABEL_JOB_NAME]
     assert index.apply("ADDED", stray) is None
     assert index.pods(("ns", "train")) == []
 
@@ -72,9 +79,9 @@ def test_a_cluster_wide_list_replaces_everything() -> None:
 
 def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
     whole = pod("train-0", "a", phase="Failed")
-    whole["metadata"] |= {"annotations": {api.ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
+    whole["metadata"] |= {"annotations": {ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
                           "deletionTimestamp": "2026-11-23T00:00:00Z"}  # fmt: skip
-    whole["metadata"]["labels"] |= {api.LABEL_RANK: "0", api.LABEL_ATTEMPT: "2"}
+    whole["metadata"]["labels"] |= {LABEL_RANK: "0", LABEL_ATTEMPT: "2"}
     whole["spec"] = {"nodeName": "node-1", "containers": [{"name": "trainer", "image": "i", "args": ["x"] * 100}]}
     whole["status"] = {
         "phase": "Failed",

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract.status import Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.progress import RankSample, Scrape
 from ddpjob_operator.reconcile import RESYNC_SECONDS, Plan, plan, plan_invalid
-from ddpjob_operator.status import JobStatus, Phase, PodView
+from ddpjob_operator.status import JobStatus, PodView
 
 from .factories import job, pod
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from ddp_trainer import errors, signals
 from ddp_trainer.config import parse
 from ddp_trainer.launch import read_launch
+from ddpjob_contract import exits
 
 
 def _one_line(err: BaseException) -> str:
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         launch = read_launch(environ)
     except errors.PermanentError as err:  # before torch is imported: bad options fail fast
         print(f"ddp_trainer: error: {_one_line(err)}", file=sys.stderr)
-        return errors.EXIT_PERMANENT
+        return exits.EXIT_PERMANENT
     from ddp_trainer import distributed, train  # imports torch
 
     train.setup_logging(launch.rank)
@@ -32,13 +33,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         train.run(cfg, launch)
     except errors.PermanentError as err:
         print(f"ddp_trainer: error: {_one_line(err)}", file=sys.stderr)
-        return errors.EXIT_PERMANENT
+        return exits.EXIT_PERMANENT
     except Exception as err:
         if not distributed.is_retryable(err):
             raise  # a bug: Python prints the traceback and exits 1
         print(f"ddp_trainer: retryable: lost a peer or a collective timed out: {_one_line(err)}", file=sys.stderr)
-        return errors.EXIT_RETRYABLE
-    return errors.EXIT_OK
+        return exits.EXIT_RETRYABLE
+    return exits.EXIT_OK
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddpjob_contract.exits import SIGNAL_EXIT_BASE
 from ddpjob_operator.api import RestartPolicy, RunPolicy
 from ddpjob_operator.status import Failure, sorted_failures
-
-SIGNAL_EXIT_BASE = 128
 
 
 def is_retryable(failure: Failure, policy: RunPolicy) -> bool:
