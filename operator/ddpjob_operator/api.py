@@ -25,6 +25,9 @@ KIND = "DDPJob"
 PLURAL = "ddpjobs"
 SHORT_NAME = "ddpj"
 
+Key = tuple[str, str]
+"""A DDPJob by namespace and name: how the work queue, the pod cache and the poller know it."""
+
 # Names the operator adds to the pod; the CRD refuses a template that uses them.
 CHECKPOINT_VOLUME = "ddpjob-checkpoint"
 WAIT_CONTAINER = "ddpjob-wait-for-master"

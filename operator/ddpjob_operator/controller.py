@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, faults, metrics
-from ddpjob_operator.api import Job, SpecError, parse_job
+from ddpjob_operator.api import Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, Kube, KubeError
 from ddpjob_operator.podcache import PodCache, PodIndex
@@ -40,9 +40,9 @@ creates are create-if-absent and the status (written first) says which attempt t
 class Progress(Protocol):
     """What a reconcile needs from the poller: the scrapes taken so far, and where to poll next."""
 
-    def scrapes(self, key: tuple[str, str]) -> Sequence[Scrape]: ...
+    def scrapes(self, key: Key) -> Sequence[Scrape]: ...
 
-    def track(self, key: tuple[str, str], attempt: int, targets: tuple[Target, ...], interval: float) -> None: ...
+    def track(self, key: Key, attempt: int, targets: tuple[Target, ...], interval: float) -> None: ...
 
 
 class Bodies:
@@ -55,13 +55,13 @@ class Bodies:
     """
 
     def __init__(self) -> None:
-        self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
+        self._bodies: dict[Key, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
+    def get(self, key: Key) -> dict[str, Any] | None:
         return self._bodies.get(key)
 
-    def put(self, key: tuple[str, str], body: dict[str, Any]) -> bool:
+    def put(self, key: Key, body: dict[str, Any]) -> bool:
         """From the watch: the newest by definition. False when it is the echo of the body we hold
         (our own status write coming back): the reconcile that wrote it has already acted on it."""
         version = (body.get("metadata") or {}).get("resourceVersion")
@@ -70,13 +70,13 @@ class Bodies:
             self._bodies[key] = body
         return version is None or held is None or (held.get("metadata") or {}).get("resourceVersion") != version
 
-    def wrote(self, key: tuple[str, str], seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
+    def wrote(self, key: Key, seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
         """Our write of ``seen`` (None: read with a GET) answered ``written``."""
         with self._lock:
             if self._bodies.get(key) is seen:
                 self._bodies[key] = written
 
-    def drop(self, key: tuple[str, str]) -> None:
+    def drop(self, key: Key) -> None:
         with self._lock:
             self._bodies.pop(key, None)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,11 +19,12 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import api, metrics, namespaces
+from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Bodies, reconcile
-from ddpjob_operator.kube import Kube
+from ddpjob_operator.kube import Kube, in_cluster
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
-from ddpjob_operator.workqueue import Key, WorkQueue
+from ddpjob_operator.workqueue import WorkQueue
 
 
 @kopf.on.startup()
@@ -85,7 +85,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
     (Kopf's default reads KUBECONFIG as it was when the kubernetes package was imported.)
     """
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if in_cluster():
         return kopf.login_with_service_account(**kwargs)
     return kopf.login_with_kubeconfig(**kwargs)
 

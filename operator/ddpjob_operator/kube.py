@@ -32,11 +32,19 @@ class Expired(KubeError):
     """A watch's resourceVersion is too old (410 Gone): list again."""
 
 
+def in_cluster() -> bool:
+    """Whether to use the pod's service account: in a pod, unless KUBECONFIG says otherwise.
+
+    The one choice of credentials, for our client and Kopf's (``handlers.login``).
+    """
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
+
+
 def _client_from_environment(connections: int) -> Any:
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if in_cluster():
         config.load_incluster_config(client_configuration=configuration)
     else:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)

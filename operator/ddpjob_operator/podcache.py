@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 from ddpjob_contract.pods import LABEL_JOB_NAME
 from ddpjob_operator import namespaces
+from ddpjob_operator.api import Key
 from ddpjob_operator.kube import Expired
 
 log = logging.getLogger("ddpjob_operator")
 
-Key = tuple[str, str]  # namespace, job name
 Pod = dict[str, Any]
 
 WATCH_SECONDS = 300

@@ -94,7 +94,7 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), deadline_exceeded=by_deadline)
     deletes = _deletable([*obs.stale, *(p for p in obs.current.values() if p.name in keep)])
     left = ttl.seconds_left(status.completion_time, rp.ttl_seconds_after_finished, now)
-    expired = left is not None and left <= 0
+    expired = ttl.expired(status.completion_time, rp.ttl_seconds_after_finished, now)
     if expired:
         events.append(Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"))
     return Plan(

@@ -13,10 +13,11 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from ddp_trainer.metrics import Metrics
+from ddpjob_operator.api import Key
 from ddpjob_operator.controller import reconcile
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.progress import Target
-from ddpjob_operator.workqueue import Key, WorkQueue
+from ddpjob_operator.workqueue import WorkQueue
 
 from . import factories
 
