@@ -171,6 +171,10 @@ class PodCache:
         """The job's pods as last seen; None until synced (the caller then lists them itself)."""
         return self.index.pods(key) if self.synced else None
 
+    def created(self, pod: Pod) -> None:
+        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
+        self.index.created(pod)
+
     def _wanted(self, pod: Pod) -> bool:
         return namespaces.served(str((pod.get("metadata") or {}).get("namespace", "")), self._patterns)
 

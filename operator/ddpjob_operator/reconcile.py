@@ -106,8 +106,17 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     )
 
 
-def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrapes: Sequence[Scrape] = ()) -> Plan:
-    """``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are ignored."""
+def plan(
+    job: Job,
+    old: JobStatus,
+    pods: Sequence[PodView],
+    now: datetime,
+    scrapes: Sequence[Scrape] = (),
+    *,
+    refused: str = "",
+) -> Plan:
+    """``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are ignored.
+    ``refused``: why the apiserver refused a pod of this job as invalid (retrying cannot help), if it did."""
     spec = job.spec
     rp = spec.run_policy
     events: list[Event] = []
@@ -134,6 +143,10 @@ def plan(job: Job, old: JobStatus, pods: Sequence[PodView], now: datetime, scrap
 
     obs = look()
     if status.phase.finished:
+        return _finished_plan(job, status, obs, now, events)
+    if refused:
+        status = _finish(status, succeeded=False, reason=Reason.INVALID_POD, message=refused, now=now)
+        events.append(Event(Reason.INVALID_POD, refused, warning=True))
         return _finished_plan(job, status, obs, now, events)
 
     transition = suspend.transition(rp.suspend, status.phase)
