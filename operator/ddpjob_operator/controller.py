@@ -28,8 +28,8 @@ from ddpjob_operator import builders, faults, metrics
 from ddpjob_operator.api import Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError
+from ddpjob_operator.lifecycle import Plan, plan, plan_invalid
 from ddpjob_operator.progress import Scrape, Target
-from ddpjob_operator.reconcile import Plan, plan, plan_invalid
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
 
 log = logging.getLogger("ddpjob_operator")

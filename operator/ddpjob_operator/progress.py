@@ -17,10 +17,11 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ddpjob_contract import metrics as names
+from ddpjob_operator.times import from_time, to_time
 
 WINDOW_SECONDS = 60.0
 """The status figures (samples/s, step time p50, per-rank times) cover at most the last minute."""
@@ -28,21 +29,6 @@ WORK_PHASES = ("data", "forward", "optimizer")
 """The phases a rank does on its own; ``backward`` holds the wait for the slowest peer."""
 MIN_EXCESS_SECONDS = 0.005
 """A straggler's work time must also exceed the others' median by this much: ignore jitter of fast steps."""
-
-
-def to_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp from the API, as an aware datetime; None for anything else."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def from_time(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from typing import Any
 
 from ddpjob_contract.pods import ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
 from ddpjob_contract.status import ConditionType, Phase
-from ddpjob_operator.progress import ProgressStatus, from_time, to_time
+from ddpjob_operator.progress import ProgressStatus
+from ddpjob_operator.times import from_time, to_time
 
 # ---------------------------------------------------------------------------------------------
 # Pods as observed
@@ -307,8 +308,8 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
     )
 
 
-def summarize(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
-    """Copy the observed counts into the status."""
+def with_counts(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
+    """The status with the observed counts of pods (active, succeeded, failed, running, ready)."""
     return replace(
         status,
         active=observation.active,

@@ -13,7 +13,7 @@ from ddpjob_contract.pods import RESERVED_ENV
 from ddpjob_contract.status import Phase
 from ddpjob_operator import api, builders
 from ddpjob_operator.api import parse_job
-from ddpjob_operator.reconcile import plan
+from ddpjob_operator.lifecycle import plan
 from ddpjob_operator.status import JobStatus, PodView, parse_status
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -23,7 +23,7 @@ from ddpjob_operator.status import (
     Observation,
     PodView,
     observe,
-    summarize,
+    with_counts,
 )
 
 RESYNC_SECONDS = 300.0
@@ -98,7 +98,7 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     if expired:
         events.append(Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"))
     return Plan(
-        status=summarize(status, obs, job.spec.replicas),
+        status=with_counts(status, obs, job.spec.replicas),
         delete_pods=deletes,
         delete_job=expired,
         events=tuple(events),
@@ -164,7 +164,7 @@ def plan(
         obs = look()
     if status.phase is Phase.SUSPENDED:
         return Plan(
-            status=summarize(status, obs, spec.replicas),
+            status=with_counts(status, obs, spec.replicas),
             delete_pods=_deletable([*obs.stale, *obs.current.values()]),
             events=tuple(events),
         )
@@ -259,7 +259,7 @@ def plan(
 
     left = deadline.seconds_left(status.start_time, rp.active_deadline_seconds, now)
     return Plan(
-        status=summarize(status, obs, spec.replicas),
+        status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),

@@ -10,8 +10,8 @@ import pytest
 
 from ddpjob_contract.status import Phase
 from ddpjob_operator.api import Job
+from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import RankSample, Scrape
-from ddpjob_operator.reconcile import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.status import JobStatus, PodView
 
 from .factories import job, pod
