@@ -1,29 +1,50 @@
 """Pure: from the job, its remembered status and the pods that exist, decide what to do next.
 
-``plan`` is the whole lifecycle as one function of data. The caller executes the plan in a
-crash-safe order: write the status first (it carries the attempt number), then delete, then
-create if absent. Replaying a plan after a crash therefore never double-counts a restart and
-never duplicates a pod.
+``plan`` observes the pods once, asks the policies in order (``POLICIES``) for a transition, lets
+the first one that changes something win, applies it (``transitions.apply``, the one place that
+sets phases, conditions and Events), and plans the pods for the status that results. A new
+attempt's pods are planned in the same reconcile (its old pods deleted, or its pods created when
+none is left).
+
+The caller executes the plan in a crash-safe order: write the status first (it carries the
+attempt number), then delete, then create if absent. Replaying a plan after a crash therefore
+never double-counts a restart and never duplicates a pod.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import progress
-from ddpjob_operator.api import Job, RestartPolicy
+from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
-from ddpjob_operator.progress import Scrape, Summary, Target
+from ddpjob_operator.progress import ProgressStatus, Scrape, Straggler, Summary, Target
 from ddpjob_operator.status import (
     JobStatus,
     Observation,
     PodView,
     observe,
     with_counts,
+)
+from ddpjob_operator.transitions import (
+    Create,
+    Finish,
+    FlagStraggler,
+    Launch,
+    Rebuild,
+    Rendezvous,
+    Restart,
+    Resume,
+    Run,
+    StragglerRecovered,
+    Suspend,
+    Transition,
+    Wait,
+    apply,
 )
 
 RESYNC_SECONDS = 300.0
@@ -57,36 +78,7 @@ def _min(*values: float | None) -> float | None:
     return min(present) if present else None
 
 
-def _finish(status: JobStatus, *, succeeded: bool, reason: str, message: str, now: datetime) -> JobStatus:
-    status = replace(status, phase=Phase.SUCCEEDED if succeeded else Phase.FAILED, completion_time=now)
-    status = status.with_condition(
-        ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED, True, reason, message, now
-    )
-    status = status.with_condition(ConditionType.RUNNING, False, reason, message, now)
-    restarting = status.condition(ConditionType.RESTARTING)
-    if restarting and restarting.status:
-        status = status.with_condition(ConditionType.RESTARTING, False, reason, message, now)
-    flagged = status.condition(ConditionType.STRAGGLER_DETECTED)
-    if flagged and flagged.status:
-        status = status.with_condition(
-            ConditionType.STRAGGLER_DETECTED, False, Reason.STRAGGLER_RECOVERED, "the job finished", now
-        )
-    return status
-
-
-def _restart_gang(
-    status: JobStatus, cause: str, reason: str, backoff_limit: int, now: datetime, events: list[Event]
-) -> JobStatus:
-    """The next attempt, counted as a restart: Restarting, not Running, and a Warning Event saying why."""
-    status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
-    message = f"{cause}; restarting the gang as attempt {status.attempt} (restart {status.restarts} of {backoff_limit})"
-    status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
-    status = status.with_condition(ConditionType.RUNNING, False, reason, message, now)
-    events.append(Event(reason, message, warning=True))
-    return status
-
-
-def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: list[Event]) -> Plan:
+def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
     """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
     rp = job.spec.run_policy
     failed = status.condition(ConditionType.FAILED)
@@ -96,14 +88,28 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     left = ttl.seconds_left(status.completion_time, rp.ttl_seconds_after_finished, now)
     expired = ttl.expired(status.completion_time, rp.ttl_seconds_after_finished, now)
     if expired:
-        events.append(Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"))
+        events += (Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"),)
     return Plan(
         status=with_counts(status, obs, job.spec.replicas),
         delete_pods=deletes,
         delete_job=expired,
-        events=tuple(events),
+        events=events,
         requeue_after=None if expired else left,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """What the policies read: the job, its status with this attempt's polls folded in, its pods observed once."""
+
+    job: Job
+    status: JobStatus
+    obs: Observation
+    now: datetime
+    scrapes: Sequence[Scrape]
+    fold: Fold | None
+    """The newest polls of this attempt, if there are new ones."""
+    refused: str
 
 
 def plan(
@@ -115,159 +121,188 @@ def plan(
     *,
     refused: str = "",
 ) -> Plan:
-    """``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are ignored.
-    ``refused``: why the apiserver refused a pod of this job as invalid (retrying cannot help), if it did."""
-    spec = job.spec
-    rp = spec.run_policy
-    events: list[Event] = []
+    """Observe once, let the first policy that changes something decide the transition, apply it, and
+    plan the pods for the status that results.
+
+    ``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are
+    ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did.
+    """
     status = replace(old, observed_generation=job.generation)
-
-    def look() -> Observation:
-        return observe(
-            pods,
-            job_name=job.name,
-            attempt=status.attempt,
-            replicas=spec.replicas,
-            spec_hash=spec.spec_hash,
-            launched=status.launched_attempt >= status.attempt,
-        )
-
+    events: tuple[Event, ...] = ()
     if status.phase is Phase.NEW:
-        message = (
-            f"{spec.replicas} pods x {spec.nproc_per_node} processes (world size {spec.world_size}), "
-            f"master {job.name}-0.{job.name}:{spec.port}"
-        )
-        status = replace(status, phase=Phase.PENDING, start_time=None if rp.suspend else now)
-        status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
-        events.append(Event(Reason.CREATED, message))
-
-    obs = look()
+        status, events = apply(status, _create(job), now)
+    obs = _observe(job, status, pods)
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
-    if refused:
-        status = _finish(status, succeeded=False, reason=Reason.INVALID_POD, message=refused, now=now)
-        events.append(Event(Reason.INVALID_POD, refused, warning=True))
-        return _finished_plan(job, status, obs, now, events)
+    view = _view(job, status, obs, now, scrapes, refused)
+    status = view.status
+    for policy in SUSPENDED_POLICIES if status.phase is Phase.SUSPENDED else POLICIES:
+        transition = policy(view)
+        if transition is None:
+            continue
+        new, told = apply(status, transition, now)
+        if new != status or told:
+            status, events = new, events + told
+            break
+    if status.attempt != view.status.attempt:
+        obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
+    return _plan_for(job, status, obs, now, events)
 
-    transition = suspend.transition(rp.suspend, status.phase)
-    if transition is suspend.Transition.SUSPEND:
-        message = f"attempt {status.attempt} stopped: pods deleted; clear spec.runPolicy.suspend to resume"
-        status = replace(status, phase=Phase.SUSPENDED, start_time=None)
-        status = status.with_condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message, now)
-        status = status.with_condition(ConditionType.RUNNING, False, Reason.SUSPENDED, message, now)
-        events.append(Event(Reason.SUSPENDED, message))
-    elif transition is suspend.Transition.RESUME:
-        status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1, start_time=now)
-        message = f"resumed as attempt {status.attempt}"
-        status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
-        events.append(Event(Reason.RESUMED, message))
-        obs = look()
-    if status.phase is Phase.SUSPENDED:
-        return Plan(
-            status=with_counts(status, obs, spec.replicas),
-            delete_pods=_deletable([*obs.stale, *obs.current.values()]),
-            events=tuple(events),
-        )
 
-    if deadline.exceeded(status.start_time, rp.active_deadline_seconds, now):
-        message = f"ran longer than spec.runPolicy.activeDeadlineSeconds={rp.active_deadline_seconds}"
-        status = _finish(status, succeeded=False, reason=Reason.DEADLINE, message=message, now=now)
-        events.append(Event(Reason.DEADLINE, message, warning=True))
-        return _finished_plan(job, status, obs, now, events)
+def _create(job: Job) -> Transition:
+    spec = job.spec
+    message = (
+        f"{spec.replicas} pods x {spec.nproc_per_node} processes (world size {spec.world_size}), "
+        f"master {job.name}-0.{job.name}:{spec.port}"
+    )
+    return Create(message, suspended=spec.run_policy.suspend)
 
-    if obs.outdated:
-        # The spec was edited while suspended and resumed before we saw it: start afresh.
-        status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
-        message = f"the pods were built from an older spec; starting attempt {status.attempt}"
-        events.append(Event(Reason.SPEC_CHANGED, message))
-        obs = look()
 
-    decision = restart.decide(obs.failures, rp, status.restarts)
-    if decision is not None and decision.restart:
-        status = _restart_gang(status, decision.cause.describe(), Reason.RETRYABLE, rp.backoff_limit, now, events)
-        obs = look()
-    elif decision is not None:
-        if decision.backoff_exceeded:
-            reason = Reason.BACKOFF
-            message = f"{decision.cause.describe()}; no restarts left (spec.runPolicy.backoffLimit={rp.backoff_limit})"
-        else:
-            reason = Reason.NON_RETRYABLE
-            message = f"{decision.cause.describe()}: not retryable under restartPolicy {rp.restart_policy.value}"
-        status = _finish(status, succeeded=False, reason=reason, message=message, now=now)
-        events.append(Event(reason, message, warning=True))
-        return _finished_plan(job, status, obs, now, events)
+def _observe(job: Job, status: JobStatus, pods: Sequence[PodView]) -> Observation:
+    spec = job.spec
+    return observe(pods, job_name=job.name, attempt=status.attempt, replicas=spec.replicas, spec_hash=spec.spec_hash,
+                   launched=status.launched_attempt >= status.attempt)  # fmt: skip
 
-    summary: Summary | None = None
+
+def _view(
+    job: Job, status: JobStatus, obs: Observation, now: datetime, scrapes: Sequence[Scrape], refused: str
+) -> View:
+    """Fold this attempt's new polls into status.progress (not while restarting or suspended)."""
+    fold = None
     if status.phase not in (Phase.RESTARTING, Phase.SUSPENDED):
-        status, summary = _fold_progress(job, status, scrapes, events)
-    if decision is None and summary is not None and status.phase is Phase.RUNNING:
-        stuck = _no_progress(job, status, summary)
-        if stuck and rp.restart_policy is not RestartPolicy.NEVER and status.restarts < rp.backoff_limit:
-            status = _restart_gang(status, stuck, Reason.NO_PROGRESS, rp.backoff_limit, now, events)
-            obs = look()
-        elif stuck:
-            never = rp.restart_policy is RestartPolicy.NEVER
-            reason = Reason.NO_PROGRESS if never else Reason.BACKOFF
-            message = f"{stuck}; " + (
-                "not retried under restartPolicy Never" if never
-                else f"no restarts left (spec.runPolicy.backoffLimit={rp.backoff_limit})"
-            )  # fmt: skip
-            status = _finish(status, succeeded=False, reason=reason, message=message, now=now)
-            events.append(Event(reason, message, warning=True))
-            return _finished_plan(job, status, obs, now, events)
+        fresh = progress.fresh(status.progress, status.attempt, job.spec.world_size)
+        fold = _fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
+        status = replace(status, progress=fold.progress if fold else fresh)
+    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused)
 
-    creates: tuple[int, ...] = ()
-    launched = status.launched_attempt >= status.attempt
-    if not launched:
-        if obs.stale:
-            pass  # names are per rank, not per attempt: wait until the old pods are gone
-        elif obs.missing:
-            creates = obs.missing
-        else:
-            status = replace(status, launched_attempt=status.attempt)
-            if status.phase is Phase.RESTARTING:
-                status = replace(status, phase=Phase.PENDING)
-            message = f"all {spec.replicas} pods of attempt {status.attempt} exist"
-            events.append(Event(Reason.LAUNCHED, message))
-            launched = True
 
-    if launched and obs.all_succeeded(spec.replicas):
-        message = f"all {spec.replicas} ranks exited 0 (attempt {status.attempt})"
-        status = _finish(status, succeeded=True, reason=Reason.ALL_SUCCEEDED, message=message, now=now)
-        events.append(Event(Reason.ALL_SUCCEEDED, message))
+def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
+    """What to do with the pods, given the status the transition left."""
+    spec = job.spec
+    if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
-    joined = _joined(job, status, obs, scrapes)
-    if launched and obs.all_started(spec.replicas) and status.phase is not Phase.RUNNING and joined < spec.world_size:
-        status = replace(status, phase=Phase.RENDEZVOUS)
-        message = f"{joined} of {spec.world_size} ranks joined the process group"
-        status = status.with_condition(ConditionType.RUNNING, False, Reason.RENDEZVOUS, message, now)
-    elif launched and obs.all_started(spec.replicas):
-        if status.phase is not Phase.RUNNING:
-            status = replace(status, phase=Phase.RUNNING)
-            message = f"all {spec.replicas} ranks are running (attempt {status.attempt})"
-            status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
-            restarting = status.condition(ConditionType.RESTARTING)
-            if restarting and restarting.status:
-                status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
-            events.append(Event(Reason.ALL_RUNNING, message))
-    elif status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays Running
-        status = replace(status, phase=Phase.PENDING)
-        if status.condition(ConditionType.RUNNING) is None:
-            status = status.with_condition(
-                ConditionType.RUNNING, False, Reason.PODS_PENDING, "no rank has started yet", now
-            )
-
-    left = deadline.seconds_left(status.start_time, rp.active_deadline_seconds, now)
+    if status.phase is Phase.SUSPENDED:
+        deletes = _deletable([*obs.stale, *obs.current.values()])
+        return Plan(status=with_counts(status, obs, spec.replicas), delete_pods=deletes, events=events)
+    launched = status.launched_attempt >= status.attempt
+    creates = obs.missing if not launched and not obs.stale else ()  # names are per rank: old pods go first
+    left = deadline.seconds_left(status.start_time, spec.run_policy.active_deadline_seconds, now)
     return Plan(
         status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),
-        events=tuple(events),
+        events=events,
         requeue_after=_min(left, RESYNC_SECONDS),
         poll=poll_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The policies, in order: the first that changes something wins.
+
+
+def _refused(v: View) -> Transition | None:
+    return Finish(False, Reason.INVALID_POD, v.refused) if v.refused else None
+
+
+def _suspension(v: View) -> Transition | None:
+    change = suspend.transition(v.job.spec.run_policy.suspend, v.status.phase)
+    return {suspend.Transition.SUSPEND: Suspend(), suspend.Transition.RESUME: Resume(), None: None}[change]
+
+
+def _deadline(v: View) -> Transition | None:
+    limit = v.job.spec.run_policy.active_deadline_seconds
+    if not deadline.exceeded(v.status.start_time, limit, v.now):
+        return None
+    return Finish(False, Reason.DEADLINE, f"ran longer than spec.runPolicy.activeDeadlineSeconds={limit}")
+
+
+def _spec_changed(v: View) -> Transition | None:
+    """The spec was edited while suspended and resumed before we saw it: start afresh."""
+    return Rebuild() if v.obs.outdated else None
+
+
+def _failures(v: View) -> Transition | None:
+    rp = v.job.spec.run_policy
+    decision = restart.decide(v.obs.failures, rp, v.status.restarts)
+    if decision is None:
+        return None
+    cause = decision.cause.describe()
+    if decision.restart:
+        return Restart(Reason.RETRYABLE, cause, rp.backoff_limit)
+    if decision.backoff_exceeded:
+        return Finish(False, Reason.BACKOFF, f"{cause}; {_no_restarts_left(rp.backoff_limit)}")
+    return Finish(False, Reason.NON_RETRYABLE, f"{cause}: not retryable under restartPolicy {rp.restart_policy.value}")
+
+
+def _no_progress(v: View) -> Transition | None:
+    """spec.progressDeadlineSeconds, judged by the newest polls: restarted like a failure."""
+    if v.fold is None or v.status.phase is not Phase.RUNNING:
+        return None
+    stuck = _stuck(v.job, v.status, v.fold.summary)
+    if not stuck:
+        return None
+    rp = v.job.spec.run_policy
+    match restart.on_no_progress(rp, v.status.restarts):
+        case restart.Verdict.RESTART:
+            return Restart(Reason.NO_PROGRESS, stuck, rp.backoff_limit)
+        case restart.Verdict.NOT_RETRIED:
+            return Finish(False, Reason.NO_PROGRESS, f"{stuck}; not retried under restartPolicy Never")
+    return Finish(False, Reason.BACKOFF, f"{stuck}; {_no_restarts_left(rp.backoff_limit)}")
+
+
+def _no_restarts_left(backoff_limit: int) -> str:
+    return f"no restarts left (spec.runPolicy.backoffLimit={backoff_limit})"
+
+
+def _succeeded(v: View) -> Transition | None:
+    replicas = v.job.spec.replicas
+    if v.status.launched_attempt < v.status.attempt or not v.obs.all_succeeded(replicas):
+        return None
+    return Finish(True, Reason.ALL_SUCCEEDED, f"all {replicas} ranks exited 0 (attempt {v.status.attempt})")
+
+
+def _phase(v: View) -> Transition | None:
+    """Within the attempt: launched once every pod exists, then Rendezvous, then Running."""
+    spec, status, obs = v.job.spec, v.status, v.obs
+    launched = status.launched_attempt >= status.attempt
+    if not launched and not obs.stale and not obs.missing:
+        return Launch(spec.replicas)
+    started = launched and obs.all_started(spec.replicas)
+    if started and status.phase is not Phase.RUNNING:
+        joined = _joined(v.job, status, obs, v.scrapes)
+        return Rendezvous(joined, spec.world_size) if joined < spec.world_size else Run(spec.replicas)
+    if not started and status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays
+        return Wait()
+    return None
+
+
+def _straggler(v: View) -> Transition | None:
+    """spec.straggler, judged by the newest polls: flag the rank once, and say when it recovers."""
+    fold, spec = v.fold, v.job.spec
+    if fold is None:
+        return None
+    state = fold.progress.straggler
+    flagged = straggler.flagged(state, spec.straggler.window_seconds, fold.summary.at)
+    current = v.status.condition(ConditionType.STRAGGLER_DETECTED)
+    if flagged and fold.candidate and state and not (current and current.status):
+        return FlagStraggler(state.rank, _straggler_message(v.job, fold, state.rank), state.since, fold.summary.at)
+    if not flagged and current and current.status and fold.known:
+        message = f"every rank works within {spec.straggler.factor:g}x the median of the others"
+        if fold.previous is not None:
+            message = f"{_rank(fold, fold.previous.rank)} recovered: {message}"
+        return StragglerRecovered(message, current.last_transition_time, fold.summary.at)
+    return None
+
+
+POLICIES: tuple[Callable[[View], Transition | None], ...] = (
+    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _phase, _straggler,
+)  # fmt: skip
+"""In order; the first that changes something wins."""
+SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspension,)
+"""A suspended job has no pods: only resuming it changes anything."""
 
 
 def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
@@ -304,20 +339,30 @@ def _joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scr
     return min(job.spec.world_size, max(remembered, len(seen | done)))
 
 
-def _fold_progress(
-    job: Job, status: JobStatus, scrapes: Sequence[Scrape], events: list[Event]
-) -> tuple[JobStatus, Summary | None]:
-    """Fold the new polls of this attempt into status.progress and the StragglerDetected condition."""
+@dataclass(frozen=True, kw_only=True)
+class Fold:
+    """New polls of this attempt folded into status.progress, with what the straggler rule reads."""
+
+    progress: ProgressStatus
+    summary: Summary
+    candidate: tuple[int, float, float] | None
+    """(rank, its work seconds per step, the others' median), from the newest poll."""
+    known: bool
+    """Whether the newest poll timed every rank (else the straggler rule changes nothing)."""
+    previous: Straggler | None
+    """The straggler the status remembered before these polls."""
+
+
+def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | None:
+    """None when there is no poll newer than what status.progress already holds."""
     spec = job.spec
-    old = progress.fresh(status.progress, status.attempt, spec.world_size)
-    summary = progress.summarize([s for s in scrapes if s.attempt == status.attempt])
+    summary = progress.summarize(scrapes)
     if summary is None or (old.observed_time is not None and summary.at < old.observed_time):
-        return replace(status, progress=old), None
+        return None
     advanced = summary.step is not None and summary.step > (old.step or 0)
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
     candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
-    state = straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at)
     new = replace(
         old,
         joined=min(spec.world_size, max(old.joined, len(summary.joined))),
@@ -329,36 +374,29 @@ def _fold_progress(
         last_progress_time=summary.at if advanced else old.last_progress_time,
         observed_time=summary.at,
         ranks=summary.ranks,
-        straggler=state,
+        straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
     )
-    status = replace(status, progress=new)
-    flagged = straggler.flagged(state, spec.straggler.window_seconds, summary.at)
-    current = status.condition(ConditionType.STRAGGLER_DETECTED)
-    if flagged and candidate and state and not (current and current.status):
-        rank = next(r for r in summary.ranks if r.rank == state.rank)
-        message = (
-            f"rank {rank.rank} (pod {rank.pod} on node {rank.node or 'unknown'}) works {candidate[1]:.3g}s per step, "
-            f"{candidate[1] / candidate[2] if candidate[2] else float('inf'):.1f}x the median of the others "
-            f"({candidate[2]:.3g}s), for {spec.straggler.window_seconds}s "
-            f"(spec.straggler factor {spec.straggler.factor:g}, window {spec.straggler.window_seconds}s)"
-        )
-        status = status.with_condition(ConditionType.STRAGGLER_DETECTED, True, Reason.STRAGGLER, message, summary.at)
-        events.append(
-            Event(Reason.STRAGGLER, message, warning=True, key=f"{state.rank}.{int(state.since.timestamp())}")
-        )
-    elif not flagged and current and current.status and known:
-        message = f"every rank works within {spec.straggler.factor:g}x the median of the others"
-        if current.message.startswith("rank "):
-            message = current.message.split(")")[0] + f") recovered: {message}"
-        status = status.with_condition(
-            ConditionType.STRAGGLER_DETECTED, False, Reason.STRAGGLER_RECOVERED, message, summary.at
-        )
-        since = int(current.last_transition_time.timestamp()) if current.last_transition_time else 0
-        events.append(Event(Reason.STRAGGLER_RECOVERED, message, key=str(since)))
-    return status, summary
+    return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)
 
 
-def _no_progress(job: Job, status: JobStatus, summary: Summary) -> str:
+def _rank(fold: Fold, rank: int) -> str:
+    """rank 3 (pod train-1 on node a), from the polls, else from what the status remembered."""
+    found = next((r for r in (*fold.summary.ranks, *fold.progress.ranks) if r.rank == rank), None)
+    return f"rank {rank} (pod {found.pod} on node {found.node or 'unknown'})" if found else f"rank {rank}"
+
+
+def _straggler_message(job: Job, fold: Fold, rank: int) -> str:
+    assert fold.candidate is not None
+    _, work, median = fold.candidate
+    factor, window = job.spec.straggler.factor, job.spec.straggler.window_seconds
+    return (
+        f"{_rank(fold, rank)} works {work:.3g}s per step, "
+        f"{work / median if median else float('inf'):.1f}x the median of the others ({median:.3g}s), for {window}s "
+        f"(spec.straggler factor {factor:g}, window {window}s)"
+    )
+
+
+def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
     """Why the progress deadline has passed (naming the ranks that did not answer), or "" if it has not."""
     prog = status.progress
     running = status.condition(ConditionType.RUNNING)
@@ -378,5 +416,5 @@ def plan_invalid(old: JobStatus, error: str, generation: int, now: datetime) -> 
     status = replace(old, observed_generation=generation)
     if status.phase.finished:
         return Plan(status=status)
-    status = _finish(status, succeeded=False, reason=Reason.INVALID, message=error, now=now)
-    return Plan(status=status, events=(Event(Reason.INVALID, error, warning=True),))
+    status, events = apply(status, Finish(False, Reason.INVALID, error), now)
+    return Plan(status=status, events=events)
