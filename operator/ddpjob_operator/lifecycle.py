@@ -151,11 +151,8 @@ def plan(
 
 def _create(job: Job) -> Transition:
     spec = job.spec
-    message = (
-        f"{spec.replicas} pods x {spec.nproc_per_node} processes (world size {spec.world_size}), "
-        f"master {job.name}-0.{job.name}:{spec.port}"
-    )
-    return Create(message, suspended=spec.run_policy.suspend)
+    master = f"{job.name}-0.{job.name}:{spec.port}"
+    return Create(spec.replicas, spec.nproc_per_node, spec.world_size, master, suspended=spec.run_policy.suspend)
 
 
 def _observe(job: Job, status: JobStatus, pods: Sequence[PodView]) -> Observation:

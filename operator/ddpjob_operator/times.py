@@ -17,5 +17,12 @@ def to_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def seconds_left(since: datetime | None, limit_seconds: int | None, now: datetime) -> float | None:
+    """What is left of ``limit_seconds`` counted from ``since``: None without a limit or a start; <= 0 once up."""
+    if limit_seconds is None or since is None:
+        return None
+    return limit_seconds - (now - since).total_seconds()
+
+
 def from_time(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None

@@ -18,7 +18,11 @@ from ddpjob_operator.status import JobStatus
 class Create:
     """A job seen for the first time: Pending (its clock starts unless it is created suspended)."""
 
-    message: str
+    replicas: int
+    nproc_per_node: int
+    world_size: int
+    master: str
+    """host:port of rank 0."""
     suspended: bool
 
 
@@ -64,6 +68,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class Rendezvous:
+    """Every rank runs, but only ``joined`` of ``world_size`` processes have joined the process group."""
+
     joined: int
     world_size: int
 
@@ -108,7 +114,9 @@ Transition = (
 def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[JobStatus, tuple[Event, ...]]:
     """The status after ``transition``, and the Events that tell of it."""
     match transition:
-        case Create(message=message, suspended=suspended):
+        case Create(suspended=suspended):
+            message = (f"{transition.replicas} pods x {transition.nproc_per_node} processes "
+                       f"(world size {transition.world_size}), master {transition.master}")  # fmt: skip
             status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
             return status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now), (
                 Event(Reason.CREATED, message),

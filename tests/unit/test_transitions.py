@@ -40,7 +40,7 @@ SUSPENDED = replace(RUNNING, phase=Phase.SUSPENDED, start_time=None)
 
 # transition, from, then: phase, attempt, restarts, {condition: (status, reason)}, event reasons (! = warning)
 CASES: list[tuple[Transition, JobStatus, Phase, int, int, dict[C, tuple[bool, str]], list[str]]] = [
-    (Create("2 pods", suspended=False), JobStatus(), Phase.PENDING, 0, 0,
+    (Create(2, 4, 8, "train-0.train:29500", suspended=False), JobStatus(), Phase.PENDING, 0, 0,
      {C.CREATED: (True, "Created")}, ["Created"]),
     (Finish(True, Reason.ALL_SUCCEEDED, "all exited 0"), RUNNING, Phase.SUCCEEDED, 1, 1,
      {C.SUCCEEDED: (True, "AllRanksSucceeded"), C.RUNNING: (False, "AllRanksSucceeded")}, ["AllRanksSucceeded"]),
@@ -95,11 +95,16 @@ def test_a_transition_sets_the_phase_the_conditions_and_the_events(
     assert [("!" if e.warning else "") + e.reason for e in told] == events
 
 
+def test_the_created_event_says_the_shape_of_the_job() -> None:
+    _, told = apply(JobStatus(), Create(2, 4, 8, "train-0.train:29500", suspended=False), NOW)
+    assert told[0].message == "2 pods x 4 processes (world size 8), master train-0.train:29500"
+
+
 def test_a_finished_job_keeps_its_completion_time_and_a_resumed_one_restarts_its_clock() -> None:
     assert apply(RUNNING, Finish(True, Reason.ALL_SUCCEEDED, "done"), NOW)[0].completion_time == NOW
     assert apply(SUSPENDED, Resume(), NOW)[0].start_time == NOW
     assert apply(RUNNING, Suspend(), NOW)[0].start_time is None
-    assert apply(JobStatus(), Create("x", suspended=True), NOW)[0].start_time is None
+    assert apply(JobStatus(), Create(2, 1, 2, "train-0.train:29500", suspended=True), NOW)[0].start_time is None
 
 
 def test_straggler_conditions_take_the_time_of_the_poll_that_saw_them() -> None:
