@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 def operator_process(
     namespace: str, kubeconfig: str, log: Path, *, faults_spec: str = "", metrics_port: int = 0, liveness: str = ""
 ) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONPATH": str(REPO / "operator")}
+    path = os.pathsep.join([str(REPO / "contract"), str(REPO / "operator")])
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONPATH": path}
     env.pop(faults.ENV, None)
     if faults_spec:
         env[faults.ENV] = faults_spec
