@@ -13,8 +13,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddp_trainer import metric_names as names
-from ddp_trainer.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
+from ddpjob_contract import metrics as names
+from ddpjob_contract.exits import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
 
 from .procs import TINY, TORCHRUN, clean_env, explain, free_ports, processes, rank_env, run_ranks, trainer
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from ddp_trainer import errors, signals
 from ddp_trainer.config import MESSAGE_PATH_ENV, parse
 from ddp_trainer.launch import read_launch
+from ddpjob_contract import exits
 
 
 def _one_line(err: BaseException) -> str:
@@ -41,7 +42,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         cfg = parse(sys.argv[1:] if argv is None else argv, environ)
         launch = read_launch(environ)
     except errors.PermanentError as err:  # before torch is imported: bad options fail fast
-        return _fail(path, _one_line(err), "error", errors.EXIT_PERMANENT)
+        return _fail(path, _one_line(err), "error", exits.EXIT_PERMANENT)
     path = cfg.observe.termination_message_path
     from ddp_trainer import distributed, report, train  # imports torch
 
@@ -50,14 +51,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         result = train.run(cfg, launch)
     except errors.PermanentError as err:
-        return _fail(path, _one_line(err), "error", errors.EXIT_PERMANENT)
+        return _fail(path, _one_line(err), "error", exits.EXIT_PERMANENT)
     except Exception as err:
         if not distributed.is_retryable(err):
             raise  # a bug: Python prints the traceback and exits 1 (the log's tail is the message)
         message = f"lost a peer or a collective timed out: {_one_line(err)}"
-        return _fail(path, message, "retryable", errors.EXIT_RETRYABLE)
+        return _fail(path, message, "retryable", exits.EXIT_RETRYABLE)
     _leave_message(path, json.dumps(report.exit_summary(result.steps, result.timings), separators=(",", ":")))
-    return errors.EXIT_OK
+    return exits.EXIT_OK
 
 
 if __name__ == "__main__":

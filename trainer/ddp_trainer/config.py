@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args, get_origin, get_type_hints
 
 from ddp_trainer.errors import ConfigError
+from ddpjob_contract.pods import ENV_CHECKPOINT_DIR, ENV_METRICS_PORT
 
 ENV_PREFIX = "TRAIN_"
 MESSAGE_PATH_ENV = "TERMINATION_MESSAGE_PATH"
@@ -189,7 +190,9 @@ class DistConfig(_Section):
 class CheckpointConfig(_Section):
     checkpoint_dir: str = field(
         default="",
-        metadata=doc("Directory for checkpoints; resume from the latest one in it. Empty: none.", env="CHECKPOINT_DIR"),
+        metadata=doc(
+            "Directory for checkpoints; resume from the latest one in it. Empty: none.", env=ENV_CHECKPOINT_DIR
+        ),
     )
     checkpoint_interval: int = field(
         default=0, metadata=doc("Write a checkpoint every this many steps; 0: only at the end.")
@@ -205,7 +208,7 @@ class CheckpointConfig(_Section):
 class ObserveConfig(_Section):
     metrics_port: int = field(
         default=0,
-        metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env="METRICS_PORT"),
+        metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env=ENV_METRICS_PORT),
     )
     metrics_linger_seconds: float = field(
         default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
