@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import progress
+from ddpjob_operator import exit_messages, progress
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
@@ -81,6 +81,7 @@ def _min(*values: float | None) -> float | None:
 def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
     """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
     rp = job.spec.run_policy
+    status = _final_progress(job, status, obs)
     failed = status.condition(ConditionType.FAILED)
     by_deadline = bool(failed and failed.status and failed.reason == Reason.DEADLINE)
     keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), deadline_exceeded=by_deadline)
@@ -96,6 +97,15 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
         events=events,
         requeue_after=None if expired else left,
     )
+
+
+def _final_progress(job: Job, status: JobStatus, obs: Observation) -> JobStatus:
+    """A succeeded run's figures, from its ranks' exit messages (once: they are final)."""
+    if status.phase is not Phase.SUCCEEDED or (status.progress is not None and status.progress.final):
+        return status
+    old = progress.fresh(status.progress, status.attempt, job.spec.world_size)
+    final = exit_messages.final_progress(old, obs.current, job.spec.nproc_per_node, status.completion_time)
+    return replace(status, progress=final) if final else status
 
 
 @dataclass(frozen=True, kw_only=True)

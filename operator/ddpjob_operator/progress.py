@@ -223,9 +223,13 @@ class ProgressStatus:
     observed_time: datetime | None = None
     ranks: tuple[RankProgress, ...] = ()
     straggler: Straggler | None = None
+    final: bool = False
+    """The figures are the ranks' own, from their exit messages at the end of the run, not a poll's."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attempt": self.attempt, "joined": self.joined, "worldSize": self.world_size}
+        if self.final:
+            out["final"] = True
         optional: dict[str, Any] = {
             "step": self.step,
             "samplesPerSecond": self.samples_per_second,
@@ -260,6 +264,7 @@ class ProgressStatus:
             slowest_rank=_int(raw.get("slowestRank")),
             last_progress_time=to_time(raw.get("lastProgressTime")),
             observed_time=to_time(raw.get("observedTime")),
+            final=raw.get("final") is True,
             ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
             straggler=(
                 Straggler(rank=_int(straggler.get("rank")) or 0, since=since)

@@ -530,3 +530,72 @@ def test_a_finished_or_restarting_job_is_not_polled() -> None:
     c = running(2)
     c.set(0, phase="Failed", exit_code=200)
     assert c.step().poll == ()
+
+
+def summary(step: int, rate: float, seconds: float) -> str:
+    return f'{{"step":{step},"samples":{step * 16},"step_seconds_mean":{seconds},"samples_per_second":{rate}}}'
+
+
+def test_a_succeeded_job_shows_the_final_step_and_rate_its_ranks_left_in_their_exit_messages() -> None:
+    c = running(2)
+    c.metrics = {0: RankSample(ready=True, step=427.0), 1: RankSample(ready=True, step=427.0)}
+    c.poll()
+    assert c.status.progress is not None and c.status.progress.step == 427  # the last poll before the end
+    c.set(0, phase="Succeeded", exit_code=0, message=summary(500, 870.0, 0.0184))
+    c.set(1, phase="Succeeded", exit_code=0, message=summary(500, 860.0, 0.0186))
+    c.settle()
+    final = c.status.progress
+    assert c.status.phase is Phase.SUCCEEDED and final is not None
+    assert (final.final, final.step, final.samples_per_second, final.step_time_p50) == (True, 500, 1730.0, 0.0185)
+    assert final.to_dict()["final"] is True and final.to_dict()["stepTime"] == "18.5ms"
+
+
+def test_without_an_exit_summary_from_every_rank_the_polled_figures_stay() -> None:
+    c = running(2)
+    c.set(0, phase="Succeeded", exit_code=0, message=summary(500, 870.0, 0.0184))
+    c.set(1, phase="Succeeded", exit_code=0)  # a program that writes no message
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED and c.status.progress is not None
+    assert not c.status.progress.final and c.status.progress.step != 500
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        (
+            {"exit_code": 2, "message": "--model (TRAIN_MODEL): unknown value 'resnet5O'; choose one of resnet50\n"},
+            "rank 1 (pod train-1) exited with code 2: --model (TRAIN_MODEL): unknown value 'resnet5O'; choose one "
+            "of resnet50: not retryable under restartPolicy ExitCode",
+        ),
+        (
+            {
+                "exit_code": 1,
+                "message": 'Traceback (most recent call last):\n  File "t.py", line 9, in <module>\n'
+                '    main()\n  File "t.py", line 5, in main\n    raise ValueError("no data in /data")\n'
+                "ValueError: no data in /data\n",
+            },
+            'rank 1 (pod train-1) exited with code 1: File "t.py", line 5, in main | raise ValueError("no data in '
+            '/data") | ValueError: no data in /data: not retryable',
+        ),
+    ],
+    ids=["trainer-error", "log-tail"],
+)
+def test_a_failed_rank_says_why_in_the_failed_condition_and_the_event(facts: dict[str, Any], expected: str) -> None:
+    c = running(2, runPolicy={"restartPolicy": "ExitCode"})
+    c.set(1, phase="Failed", **facts)
+    c.step()
+    status, reason, message = c.condition("Failed")
+    assert (status, reason) == (True, "NonRetryableFailure")
+    assert message.startswith(expected)
+    assert any(m.startswith(expected) for m in c.event_messages)
+
+
+def test_an_oom_killed_rank_is_named_as_such_and_restarted_like_any_signal_under_exit_code() -> None:
+    c = running(2, runPolicy={"restartPolicy": "ExitCode", "backoffLimit": 3})
+    c.set(0, phase="Failed", exit_code=137, exit_reason="OOMKilled")
+    c.step()
+    assert c.status.phase is Phase.RESTARTING and c.status.restarts == 1
+    assert (
+        "rank 0 (pod train-0) exited with code 137 (OOMKilled: it went over its memory limit)"
+        in (c.condition("Restarting")[2])
+    )
