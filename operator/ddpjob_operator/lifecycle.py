@@ -31,6 +31,7 @@ from ddpjob_operator.status import (
     with_counts,
 )
 from ddpjob_operator.transitions import (
+    CannotStart,
     Create,
     Finish,
     FlagStraggler,
@@ -271,6 +272,19 @@ def _succeeded(v: View) -> Transition | None:
     return Finish(True, Reason.ALL_SUCCEEDED, f"all {replicas} ranks exited 0 (attempt {v.status.attempt})")
 
 
+def _cannot_start(v: View) -> Transition | None:
+    """A rank's container is stuck before it starts: say which, and why, instead of a silent Pending."""
+    if v.status.phase is Phase.RUNNING:
+        return None
+    said = v.status.condition(ConditionType.RUNNING)
+    for rank, pod in sorted(v.obs.current.items()):
+        if pod.blocked and not pod.terminating:
+            message = f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
+            return None if said and said.message == message else CannotStart(message)  # said once
+    unblocked = said and said.reason == Reason.CANNOT_START and v.status.phase is not Phase.RESTARTING
+    return Wait(unblocked=True) if unblocked else None
+
+
 def _phase(v: View) -> Transition | None:
     """Within the attempt: launched once every pod exists, then Rendezvous, then Running."""
     spec, status, obs = v.job.spec, v.status, v.obs
@@ -305,7 +319,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _phase, _straggler,
+    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _cannot_start, _phase,
+    _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""
 SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspension,)

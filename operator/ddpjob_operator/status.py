@@ -43,6 +43,8 @@ class PodView:
     """Why the pod failed when the trainer did not exit by itself (Evicted, an init container...)."""
     ip: str = ""
     node: str = ""
+    blocked: str = ""
+    """Why a container of the pod cannot start (``CANNOT_START``), as one line; empty when none is stuck."""
 
     @property
     def terminated(self) -> bool:
@@ -65,6 +67,23 @@ class PodView:
 def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
     value = labels.get(key)
     return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+CANNOT_START = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})  # fmt: skip
+"""The kubelet's waiting reasons that mean a container will not start until someone fixes something."""
+
+
+def _blocked(status: Mapping[str, Any]) -> str:
+    """'container trainer: ErrImagePull: <the kubelet's message>' for the first stuck container, init ones first."""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START:
+            said = one_line(str(waiting.get("message") or ""))
+            return f"container {cs.get('name')}: {waiting['reason']}" + (f": {said}" if said else "")
+    return ""
 
 
 def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
@@ -103,6 +122,7 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         reason=reason,
         ip=str(status.get("podIP") or ""),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        blocked=_blocked(status),
     )
 
 

@@ -12,7 +12,7 @@ from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import RankSample, Scrape
-from ddpjob_operator.status import JobStatus, PodView
+from ddpjob_operator.status import JobStatus, PodView, pod_view
 
 from .factories import job, pod
 
@@ -599,3 +599,46 @@ def test_an_oom_killed_rank_is_named_as_such_and_restarted_like_any_signal_under
         "rank 0 (pod train-0) exited with code 137 (OOMKilled: it went over its memory limit)"
         in (c.condition("Restarting")[2])
     )
+
+
+WAITING = {
+    "ErrImagePull": 'failed to pull and unpack image "localhost/nope:1": not found',
+    "CreateContainerConfigError": 'configmap "train-config" not found',
+}
+
+
+@pytest.mark.parametrize("reason", sorted(WAITING))
+def test_a_container_that_cannot_start_is_named_with_its_reason_in_status_and_one_event(reason: str) -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set(1, blocked=f"container trainer: {reason}: {WAITING[reason]}")
+    c.settle()
+    c.settle()
+    expected = f"rank 1 (pod train-1) cannot start: container trainer: {reason}: {WAITING[reason]}"
+    assert c.status.phase is Phase.PENDING
+    assert c.condition("Running") == (False, "ContainerCannotStart", expected)
+    assert c.events.count("ContainerCannotStart") == 1 and expected in c.event_messages
+    c.set(1, blocked="")  # fixed: the image was pushed, the ConfigMap created
+    c.settle()
+    assert c.condition("Running")[1] == "PodsPending"
+    c.set_all(phase="Running")
+    c.join(0, 1)
+    c.settle()
+    c.poll()
+    assert c.status.phase is Phase.RUNNING
+
+
+def test_pod_view_reads_why_a_container_waits_init_containers_first() -> None:
+    raw = {
+        "metadata": {"name": "train-0"},
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {"name": "wait-for-master", "state": {"waiting": {"reason": "ErrImagePull", "message": "a\nb"}}}
+            ],
+            "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        },
+    }
+    assert pod_view(raw, "trainer").blocked == "container wait-for-master: ErrImagePull: a | b"
+    raw["status"]["initContainerStatuses"] = []
+    assert pod_view(raw, "trainer").blocked == ""  # PodInitializing, ContainerCreating: just slow
