@@ -202,7 +202,7 @@ def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, even
         delete_pods=_deletable(obs.stale),
         events=events,
         requeue_after=_min(left, RESYNC_SECONDS),
-        poll=poll_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
+        poll=poll_targets(job, obs, _silent(status)) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
 
@@ -327,8 +327,9 @@ SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspensi
 """A suspended job has no pods: only resuming it changes anything."""
 
 
-def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
-    """Every process of every running pod of this attempt: pod i, process j is rank i * nproc + j."""
+def poll_targets(job: Job, obs: Observation, silent: frozenset[int] = frozenset()) -> tuple[Target, ...]:
+    """Every process of every running pod of this attempt (pod i, process j is rank i * nproc + j), but
+    the ``silent`` ranks, whose program serves no metrics."""
     spec = job.spec
     found: list[Target] = []
     for rank, pod in sorted(obs.current.items()):
@@ -337,8 +338,22 @@ def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         for local in range(spec.nproc_per_node):
             url = f"http://{host}:{spec.metrics_port + local}/metrics"
-            found.append(Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url))
+            target = Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url)
+            if target.rank not in silent:
+                found.append(target)
     return tuple(found)
+
+
+def _silent(status: JobStatus) -> frozenset[int]:
+    p = status.progress
+    return frozenset(p.silent) if p is not None and p.attempt == status.attempt else frozenset()
+
+
+def silent_note(job: Job, silent: Sequence[int]) -> str:
+    """'rank 1 serves no metrics on port 9090: progress is not shown for it', or '' for none."""
+    nproc, port = job.spec.nproc_per_node, job.spec.metrics_port
+    said = [f"rank {r} serves no metrics on port {port + r % nproc}" for r in silent]
+    return f"{', '.join(said)}: progress is not shown for {'it' if len(said) == 1 else 'them'}" if said else ""
 
 
 def _poll_interval(job: Job, phase: Phase) -> float:
@@ -358,7 +373,8 @@ def _joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scr
     seen = progress.joined_ranks(s for s in scrapes if s.attempt == status.attempt)
     done = {rank * nproc + i for rank, p in obs.current.items() if p.succeeded for i in range(nproc)}
     remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
-    return min(job.spec.world_size, max(remembered, len(seen | done)))
+    silent = _silent(status)  # serve no metrics: their running pods are all we can know
+    return min(job.spec.world_size, max(remembered, len(seen | done | silent)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,8 +401,12 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
     candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
+    known_ranks = (r.rank for r in old.ranks if r.step is not None)
+    silent = tuple(sorted(set(old.silent) | progress.silent_ranks(scrapes, known_ranks)))
     new = replace(
         old,
+        silent=silent,
+        note=silent_note(job, silent),
         joined=min(spec.world_size, max(old.joined, len(summary.joined))),
         step=summary.step if summary.step is not None else old.step,
         samples_per_second=summary.samples_per_second,
@@ -395,7 +415,7 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
         slowest_rank=summary.slowest_rank,
         last_progress_time=summary.at if advanced else old.last_progress_time,
         observed_time=summary.at,
-        ranks=summary.ranks,
+        ranks=tuple(r for r in summary.ranks if r.rank not in silent),
         straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
     )
     return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)

@@ -642,3 +642,40 @@ def test_pod_view_reads_why_a_container_waits_init_containers_first() -> None:
     assert pod_view(raw, "trainer").blocked == "container wait-for-master: ErrImagePull: a | b"
     raw["status"]["initContainerStatuses"] = []
     assert pod_view(raw, "trainer").blocked == ""  # PodInitializing, ContainerCreating: just slow
+
+
+def test_a_rank_that_serves_no_metrics_is_said_once_in_plain_words_and_no_longer_polled() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.join(0)  # rank 1 runs a program without a metrics server: every poll of it is refused
+    for _ in range(30):  # two seconds apart while ranks join
+        c.now += timedelta(seconds=2)
+        c.poll()
+        if c.status.phase is Phase.RUNNING:
+            break
+    p = c.status.progress
+    assert p is not None and p.silent == (1,)
+    assert p.note == "rank 1 serves no metrics on port 9090: progress is not shown for it"
+    assert c.last is not None and [t.rank for t in c.last.poll] == [0]
+    assert all(not r.error for r in p.ranks), "no connection error carried in status"
+    assert c.status.phase is Phase.RUNNING, "its running pod is all we can know: it counts as joined"
+    assert p.to_dict()["silentRanks"] == [1]
+
+
+def test_a_rank_that_is_slow_to_serve_is_not_taken_for_silent() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.join(0)
+    for _ in range(10):  # 20 s of refusals: a slow start, not a program without metrics
+        c.now += timedelta(seconds=2)
+        c.poll()
+    c.join(1)
+    c.now += timedelta(seconds=2)
+    c.poll()
+    c.settle()
+    assert c.status.progress is not None and c.status.progress.silent == ()
+    assert c.status.phase is Phase.RUNNING
