@@ -214,7 +214,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     while pos.step < parts.total:
         batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
         for _ in range(min(parts.steps_per_epoch - pos.batch_in_epoch // accum, parts.total - pos.step)):
-            loss = _step(cfg, d, parts, batches, timer, slow=_slow(cfg, d, pos.step + 1))
+            loss = _step(cfg, d, parts, batches, timer, slow=_slow(cfg, d.rank, pos.step + 1))
             pos.step += 1
             pos.batch_in_epoch += accum
             if pos.batch_in_epoch // accum == parts.steps_per_epoch:
@@ -232,11 +232,11 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     return Result(steps=pos.step, model=parts.model, timings=timings)
 
 
-def _slow(cfg: Config, d: distributed.Dist, step: int) -> bool:
-    """Whether this rank plays the straggler in ``step`` (--slow-rank, until --slow-until-step)."""
+def _slow(cfg: Config, rank: int, step: int) -> bool:
+    """Whether ``rank`` plays the straggler in ``step`` (--slow-rank, until --slow-until-step)."""
     debug = cfg.debug
     until = debug.slow_until_step
-    return d.rank == debug.slow_rank and debug.slow_seconds > 0 and (until == 0 or step <= until)
+    return rank == debug.slow_rank and debug.slow_seconds > 0 and (until == 0 or step <= until)
 
 
 def _step(
