@@ -173,6 +173,21 @@ def named_ports(job: Job, ports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*ports, *added]
 
 
+def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int) -> None:
+    """The trainer container (the first): the injected env, the exit message, the named ports."""
+    # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
+    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    message_path = trainer.setdefault("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
+    # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
+    trainer["env"] = [
+        *injected_env(job, rank, attempt),
+        {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
+        *(trainer.get("env") or []),
+    ]
+    # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
+    trainer["ports"] = named_ports(job, trainer.get("ports") or [])
+
+
 def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait."""
     template = copy.deepcopy(dict(job.spec.template))
@@ -191,17 +206,7 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
     spec["restartPolicy"] = "Never"
     trainer = spec["containers"][0]
-    # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
-    # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
-    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    message_path = trainer.setdefault("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
-    trainer["env"] = [
-        *injected_env(job, rank, attempt),
-        {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
-        *(trainer.get("env") or []),
-    ]
-    # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
-    trainer["ports"] = named_ports(job, trainer.get("ports") or [])
+    _set_up_trainer(job, trainer, rank, attempt)
     checkpoint = job.spec.checkpoint
     if checkpoint is not None:
         source = (

@@ -31,7 +31,6 @@ from ddpjob_operator.status import (
     with_counts,
 )
 from ddpjob_operator.transitions import (
-    CannotStart,
     Create,
     Finish,
     FlagStraggler,
@@ -280,7 +279,7 @@ def _cannot_start(v: View) -> Transition | None:
     for rank, pod in sorted(v.obs.current.items()):
         if pod.blocked and not pod.terminating:
             message = f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
-            return None if said and said.message == message else CannotStart(message)  # said once
+            return None if said and said.message == message else Wait(blocked=message)  # said once
     unblocked = said and said.reason == Reason.CANNOT_START and v.status.phase is not Phase.RESTARTING
     return Wait(unblocked=True) if unblocked else None
 
