@@ -203,16 +203,18 @@ def write(figs: Mapping[str, Figure], out: Path, job: str) -> list[Path]:
 
 
 def summary(data: ReportData, status: Mapping[str, Any]) -> str:
-    """The figures in ``status.progress``: the ranks' final ones once the job has finished, else the last poll's."""
+    """The figures in ``status.progress``: the ranks' own final ones once the operator has them from their
+    exit messages (``final``), else the last poll's."""
     prog: Mapping[str, Any] = status.get("progress") or {}
     span = data.span
     ended = f" after {span.seconds:.0f} s" if span and span.finished else ""
-    which = "final" if span and span.finished else "last poll"
+    final = prog.get("final") is True
+    slowest = f", slowest rank {prog['slowestRank']}" if prog.get("slowestRank") is not None else ""
     lines = [
         f"DDPJob {data.namespace}/{data.job}: {status.get('phase', 'unknown')}{ended}, "
         f"attempt {status.get('attempt', 0)}, {status.get('restarts', 0)} restarts",
-        f"  {which}: step {prog.get('step', '-')}, {prog.get('samplesPerSecond', '-')} samples/s, "
-        f"step time p50 {prog.get('stepTime', '-')}, slowest rank {prog.get('slowestRank', '-')}",
+        f"  {'final' if final else 'last poll'}: step {prog.get('step', '-')}, {prog.get('samplesPerSecond', '-')} "
+        f"samples/s, {'mean step time' if final else 'step time p50'} {prog.get('stepTime', '-')}{slowest}",
     ]
     for c in status.get("conditions") or []:
         if c.get("type") in ("StragglerDetected", "Restarting", "Failed") and c.get("status") == "True":
@@ -347,8 +349,9 @@ def from_status(job: str, namespace: str, status: Mapping[str, Any], span: Span 
         rank = str(r.get("rank"))
         if isinstance(r.get("stepSeconds"), int | float):
             data.step_time[rank] = [(at, float(r["stepSeconds"]))]
-            work = float(r.get("workSeconds") or 0.0)
-            # the status keeps only work (data + forward + optimizer) and the whole step
+        if isinstance(r.get("stepSeconds"), int | float) and isinstance(r.get("workSeconds"), int | float):
+            # a poll keeps work (data + forward + optimizer) and the whole step; the final figures only the step
+            work = float(r["workSeconds"])
             data.phases[rank] = {WORK: work, REST: max(0.0, float(r["stepSeconds"]) - work)}
     if isinstance(prog.get("samplesPerSecond"), int | float):
         data.throughput = [(at, float(prog["samplesPerSecond"]))]

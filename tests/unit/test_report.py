@@ -164,15 +164,31 @@ def test_a_finished_runs_axes_end_at_completion_in_seconds_since_the_start() -> 
         assert ax.get_xlabel() == "seconds since the job started (completion at 22 s)"
 
 
-def test_a_finished_jobs_summary_gives_its_final_figures_and_its_length() -> None:
-    got = report.from_status("train", "ns", {}, report.Span(T0, T0 + 21.4, finished=True))
-    status = {"phase": "Succeeded", "progress": {"step": 500, "samplesPerSecond": 1731.0, "stepTime": "18ms"}}
-    text = report.summary(got, status)
+FINAL = {"final": True, "step": 500, "samplesPerSecond": 1731.0, "stepTime": "18ms",
+         "ranks": [{"rank": 0, "pod": "train-0", "step": 500, "stepSeconds": 0.018}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("progress", "line"),
+    [
+        pytest.param(FINAL, "  final: step 500, 1731.0 samples/s, mean step time 18ms", id="the ranks' exit summaries"),
+        pytest.param(
+            {"step": 487, "samplesPerSecond": 1502.5, "stepTime": "21ms", "slowestRank": 1},
+            "  last poll: step 487, 1502.5 samples/s, step time p50 21ms, slowest rank 1",
+            id="no exit summaries (another program): said to be the last poll's",
+        ),
+    ],
+)
+def test_a_finished_jobs_summary_says_whether_its_figures_are_final_and_how_long_it_ran(
+    progress: dict[str, object], line: str
+) -> None:
+    status = {"phase": "Succeeded", "progress": progress}
+    text = report.summary(report.from_status("train", "ns", status, report.Span(T0, T0 + 21.4, True)), status)
     assert text.startswith("DDPJob ns/train: Succeeded after 21 s, attempt 0, 0 restarts")
-    assert "  final: step 500, 1731.0 samples/s, step time p50 18ms" in text
+    assert line in text.splitlines()
 
 
-def test_the_status_point_sits_at_the_end_of_the_span() -> None:
-    status = {"progress": {"samplesPerSecond": 1731.0, "ranks": [{"rank": 0, "stepSeconds": 0.018}]}}
-    got = report.from_status("train", "ns", status, report.Span(T0, T0 + 21, finished=True))
+def test_the_final_figures_sit_at_the_end_of_the_span_and_claim_no_phases() -> None:
+    got = report.from_status("train", "ns", {"progress": FINAL}, report.Span(T0, T0 + 21, finished=True))
     assert got.throughput == [(21.0, 1731.0)] and got.step_time == {"0": [(21.0, 0.018)]}
+    assert got.phases == {}, "an exit summary has no split of the step: no bar of zeros"
