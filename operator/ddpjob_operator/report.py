@@ -62,6 +62,8 @@ class ReportData:
     """The run on the wall clock; the x axes run from its start to its end."""
     rate_window: float | None = None
     """Seconds each Prometheus rate averages over (None: not from Prometheus)."""
+    training: tuple[float, float] | None = None
+    """The first and the last step, in seconds since the start (shaded on the time axes)."""
 
     @property
     def phase_names(self) -> list[str]:
@@ -125,6 +127,16 @@ def query_step(span_seconds: float, scrape_seconds: float) -> float:
     return max(scrape_seconds / 2, span_seconds / POINTS_PER_PLOT)
 
 
+def windowed(points: Sequence[Point], window: float, training: tuple[float, float] | None) -> list[Point]:
+    """Rates evaluated at t (each the mean over [t - window, t]), drawn at the middle of their window.
+
+    With the first and last step known (``training``, seconds since the start), only the windows
+    that lie wholly inside the training are kept: one reaching past either edge would draw a ramp
+    the run never had. A run shorter than one window keeps them all."""
+    inside = [(t, v) for t, v in points if training is None or (training[0] <= t - window and t <= training[1])]
+    return [(t - window / 2, v) for t, v in (inside or points)]
+
+
 def scrape_interval(timestamps: Sequence[Sequence[float]]) -> float:
     """Prometheus' scrape interval as its samples show it: the median gap between one series'
     consecutive samples; ``DEFAULT_SCRAPE_SECONDS`` when no series has two."""
@@ -173,6 +185,8 @@ def figures(data: ReportData) -> dict[str, Figure]:
 
 def _time_axis(ax: Any, data: ReportData) -> None:
     """Seconds since the job started, to its end: nothing is drawn past the run."""
+    if data.training:
+        ax.axvspan(*data.training, color="0.94", zorder=0, label="training (first to last step)")
     span = data.span
     if span is not None and span.seconds > 0:
         ax.set_xlim(0, span.seconds)
@@ -240,35 +254,59 @@ def from_prometheus(
     """Series over ``span`` from a Prometheus that labels the ranks' series with namespace, ddpjob and rank.
 
     The rate window and the step between points follow from the run's length and the scrape
-    interval, which is read off the samples themselves unless ``scrape_seconds`` says it."""
+    interval, which is read off the samples themselves unless ``scrape_seconds`` says it. Only the
+    windows that lie wholly inside the training (its first to its last step) are drawn."""
     sel = f'namespace="{namespace}",ddpjob="{job}"'
-    start, end = span.start, span.end
-    whole = f"{max(1, math.ceil(span.seconds))}s"
     if scrape_seconds is None:
         recent = f"{max(1, math.ceil(min(span.seconds, 300)))}s"  # enough scrapes to tell the interval
-        raw = _prom(url, "query", f"{names.STEPS_TOTAL}{{{sel}}}[{recent}]", time=end)
+        raw = _prom(url, "query", f"{names.STEPS_TOTAL}{{{sel}}}[{recent}]", time=span.end)
         scrape_seconds = scrape_interval([[float(t) for t, _ in s.get("values", [])] for s in raw])
     window = rate_window(span.seconds, scrape_seconds)
-    step = query_step(span.seconds, scrape_seconds)
     data = ReportData(job=job, namespace=namespace, source="prometheus", span=span, rate_window=window)
-    w = f"{window:g}s"
+    data.training = training = _training(url, sel, span, scrape_seconds)
+    w, step = f"{window:g}s", query_step(span.seconds, scrape_seconds)
+
+    def series(promql: str) -> list[tuple[str, list[Point]]]:
+        found = _prom(url, "query_range", promql, start=span.start, end=span.end, step=step)
+        return [
+            (s["metric"].get("rank", "?"), windowed(_points(s["values"], span.start), window, training)) for s in found
+        ]
+
     per_step = (
         f"sum by (rank) (rate({names.STEP_SECONDS}_sum{{{sel}}}[{w}]))"
         f" / sum by (rank) (rate({names.STEP_SECONDS}_count{{{sel}}}[{w}]))"
     )
-    for series in _prom(url, "query_range", per_step, start=start, end=end, step=step):
-        data.step_time[series["metric"].get("rank", "?")] = _points(series["values"], start)
-    rate = f"sum(rate({names.SAMPLES_TOTAL}{{{sel}}}[{w}]))"
-    for series in _prom(url, "query_range", rate, start=start, end=end, step=step):
-        data.throughput = _points(series["values"], start)
+    data.step_time = dict(series(per_step))
+    for _, points in series(f"sum(rate({names.SAMPLES_TOTAL}{{{sel}}}[{w}]))"):
+        data.throughput = points
+    data.phases = _phases(url, sel, span)
+    return data
+
+
+def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[float, float] | None:
+    """When the ranks' first and last steps finished, in seconds since the start (the trainer's gauge
+    is 0 until its first step)."""
+    whole = f"{max(1, math.ceil(span.seconds))}s"
+    last = f"max(max_over_time({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}}[{whole}]))"
+    first = f"min(min_over_time(({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s]))"
+    ends = [_prom(url, "query", q, time=span.end) for q in (first, last)]
+    if not all(ends):
+        return None
+    return float(ends[0][0]["value"][1]) - span.start, float(ends[1][0]["value"][1]) - span.start
+
+
+def _phases(url: str, sel: str, span: Span) -> dict[str, dict[str, float]]:
+    """Rank -> phase -> mean seconds per step over the whole span."""
+    whole = f"{max(1, math.ceil(span.seconds))}s"
     query = f"sum by (rank) (increase({names.STEP_SECONDS}_count{{{sel}}}[{whole}]))"
-    steps = {s["metric"].get("rank", "?"): float(s["value"][1]) for s in _prom(url, "query", query, time=end)}
+    steps = {s["metric"].get("rank", "?"): float(s["value"][1]) for s in _prom(url, "query", query, time=span.end)}
+    phases: dict[str, dict[str, float]] = {}
     query = f"sum by (rank, phase) (increase({names.PHASE_SECONDS}_sum{{{sel}}}[{whole}]))"
-    for s in _prom(url, "query", query, time=end):
+    for s in _prom(url, "query", query, time=span.end):
         rank, phase = s["metric"].get("rank", "?"), s["metric"].get(names.PHASE_LABEL, "?")
         if steps.get(rank):
-            data.phases.setdefault(rank, {})[phase] = float(s["value"][1]) / steps[rank]
-    return data
+            phases.setdefault(rank, {})[phase] = float(s["value"][1]) / steps[rank]
+    return phases
 
 
 def _prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[str, Any]]:

@@ -192,3 +192,30 @@ def test_the_final_figures_sit_at_the_end_of_the_span_and_claim_no_phases() -> N
     got = report.from_status("train", "ns", {"progress": FINAL}, report.Span(T0, T0 + 21, finished=True))
     assert got.throughput == [(21.0, 1731.0)] and got.step_time == {"0": [(21.0, 0.018)]}
     assert got.phases == {}, "an exit summary has no split of the step: no bar of zeros"
+
+
+RATES = [(t, 100.0) for t in (10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0)]  # evaluated at t: the mean over [t - w, t]
+
+
+@pytest.mark.parametrize(
+    ("training", "window", "drawn_at"),
+    [
+        pytest.param((9.0, 21.0), 4, [12.0, 14.0, 16.0, 18.0], id="only windows wholly inside the training, centred"),
+        pytest.param((9.0, 30.0), 4, [12.0, 14.0, 16.0, 18.0, 20.0], id="a later last step keeps the later windows"),
+        pytest.param(None, 4, [8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0], id="training unknown: all, centred"),
+        pytest.param((15.0, 17.0), 4, [8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0], id="training shorter than a window"),
+    ],
+)
+def test_rates_are_drawn_at_the_middle_of_their_window_and_only_inside_the_training(
+    training: tuple[float, float] | None, window: float, drawn_at: list[float]
+) -> None:
+    assert [t for t, _ in report.windowed(RATES, window, training)] == drawn_at
+
+
+def test_the_time_axes_shade_the_training() -> None:
+    trained = data()
+    trained.training = (3.0, 9.0)
+    ax = report.figures(trained)["throughput"].axes[0]
+    legend = ax.get_legend()
+    assert legend is not None and "training (first to last step)" in [t.get_text() for t in legend.get_texts()]
+    assert len(ax.get_lines()) == 1, "the shading is no line"
