@@ -20,3 +20,13 @@ EXIT_SIGTERM = 143
 """128 + SIGTERM: asked to stop; nothing partial is left on disk."""
 EXIT_SIGINT = 130
 """128 + SIGINT: interrupted from a terminal."""
+
+# The exit message of a rank that exited 0: one JSON object on one line (any other message is an error).
+SUMMARY_STEP = "step"
+"""The run's final step."""
+SUMMARY_SAMPLES = "samples"
+"""Samples this process trained on in this attempt."""
+SUMMARY_STEP_SECONDS = "step_seconds_mean"
+"""Mean wall time of a step, the warm-up left out (absent when the run was not timed)."""
+SUMMARY_SAMPLES_PER_SECOND = "samples_per_second"
+"""This process's samples per second over the same steps (absent when the run was not timed)."""

@@ -27,6 +27,9 @@ ENV_ATTEMPT = "DDPJOB_ATTEMPT"
 ENV_CHECKPOINT_DIR = "CHECKPOINT_DIR"
 ENV_METRICS_PORT = "METRICS_PORT"
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+ENV_TERMINATION_MESSAGE_PATH = "TERMINATION_MESSAGE_PATH"
+"""Where the trainer container's program leaves its exit message: the container's terminationMessagePath."""
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 TORCHRUN_ENV: tuple[str, ...] = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT)
 """The torchrun convention: the only launch contract the trainer reads."""

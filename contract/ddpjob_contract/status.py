@@ -38,6 +38,7 @@ class Reason(StrEnum):
     CREATED = "Created"
     LAUNCHED = "AttemptLaunched"
     PODS_PENDING = "PodsPending"
+    CANNOT_START = "ContainerCannotStart"
     RENDEZVOUS = "Rendezvous"
     ALL_RUNNING = "AllRanksRunning"
     ALL_SUCCEEDED = "AllRanksSucceeded"

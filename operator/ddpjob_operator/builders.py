@@ -10,6 +10,7 @@ from typing import Any
 
 from ddpjob_contract.pods import (
     ANNOTATION_SPEC_HASH,
+    DEFAULT_TERMINATION_MESSAGE_PATH,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_JOB_NAME,
@@ -24,6 +25,7 @@ from ddpjob_contract.pods import (
     ENV_PET_NPROC_PER_NODE,
     ENV_PYTHONUNBUFFERED,
     ENV_RANK,
+    ENV_TERMINATION_MESSAGE_PATH,
     ENV_WORLD_SIZE,
     LABEL_ATTEMPT,
     LABEL_JOB_NAME,
@@ -190,7 +192,14 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     spec["restartPolicy"] = "Never"
     trainer = spec["containers"][0]
     # Injected first, so that user variables may refer to them as $(RANK), $(MASTER_ADDR)...
-    trainer["env"] = [*injected_env(job, rank, attempt), *(trainer.get("env") or [])]
+    # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
+    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    message_path = trainer.setdefault("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
+    trainer["env"] = [
+        *injected_env(job, rank, attempt),
+        {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
+        *(trainer.get("env") or []),
+    ]
     # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
     trainer["ports"] = named_ports(job, trainer.get("ports") or [])
     checkpoint = job.spec.checkpoint

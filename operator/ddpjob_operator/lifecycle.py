@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import progress
+from ddpjob_operator import exit_messages, progress
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
@@ -31,6 +31,7 @@ from ddpjob_operator.status import (
     with_counts,
 )
 from ddpjob_operator.transitions import (
+    CannotStart,
     Create,
     Finish,
     FlagStraggler,
@@ -81,6 +82,7 @@ def _min(*values: float | None) -> float | None:
 def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
     """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
     rp = job.spec.run_policy
+    status = _final_progress(job, status, obs)
     failed = status.condition(ConditionType.FAILED)
     by_deadline = bool(failed and failed.status and failed.reason == Reason.DEADLINE)
     keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), deadline_exceeded=by_deadline)
@@ -96,6 +98,15 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
         events=events,
         requeue_after=None if expired else left,
     )
+
+
+def _final_progress(job: Job, status: JobStatus, obs: Observation) -> JobStatus:
+    """A succeeded run's figures, from its ranks' exit messages (once: they are final)."""
+    if status.phase is not Phase.SUCCEEDED or (status.progress is not None and status.progress.final):
+        return status
+    old = progress.fresh(status.progress, status.attempt, job.spec.world_size)
+    final = exit_messages.final_progress(old, obs.current, job.spec.nproc_per_node, status.completion_time)
+    return replace(status, progress=final) if final else status
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +202,7 @@ def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, even
         delete_pods=_deletable(obs.stale),
         events=events,
         requeue_after=_min(left, RESYNC_SECONDS),
-        poll=poll_targets(job, obs) if status.phase is not Phase.RESTARTING else (),
+        poll=poll_targets(job, obs, _silent(status)) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
 
@@ -261,6 +272,19 @@ def _succeeded(v: View) -> Transition | None:
     return Finish(True, Reason.ALL_SUCCEEDED, f"all {replicas} ranks exited 0 (attempt {v.status.attempt})")
 
 
+def _cannot_start(v: View) -> Transition | None:
+    """A rank's container is stuck before it starts: say which, and why, instead of a silent Pending."""
+    if v.status.phase is Phase.RUNNING:
+        return None
+    said = v.status.condition(ConditionType.RUNNING)
+    for rank, pod in sorted(v.obs.current.items()):
+        if pod.blocked and not pod.terminating:
+            message = f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
+            return None if said and said.message == message else CannotStart(message)  # said once
+    unblocked = said and said.reason == Reason.CANNOT_START and v.status.phase is not Phase.RESTARTING
+    return Wait(unblocked=True) if unblocked else None
+
+
 def _phase(v: View) -> Transition | None:
     """Within the attempt: launched once every pod exists, then Rendezvous, then Running."""
     spec, status, obs = v.job.spec, v.status, v.obs
@@ -295,15 +319,17 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _phase, _straggler,
+    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _cannot_start, _phase,
+    _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""
 SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspension,)
 """A suspended job has no pods: only resuming it changes anything."""
 
 
-def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
-    """Every process of every running pod of this attempt: pod i, process j is rank i * nproc + j."""
+def poll_targets(job: Job, obs: Observation, silent: frozenset[int] = frozenset()) -> tuple[Target, ...]:
+    """Every process of every running pod of this attempt (pod i, process j is rank i * nproc + j), but
+    the ``silent`` ranks, whose program serves no metrics."""
     spec = job.spec
     found: list[Target] = []
     for rank, pod in sorted(obs.current.items()):
@@ -312,8 +338,22 @@ def poll_targets(job: Job, obs: Observation) -> tuple[Target, ...]:
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         for local in range(spec.nproc_per_node):
             url = f"http://{host}:{spec.metrics_port + local}/metrics"
-            found.append(Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url))
+            target = Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url)
+            if target.rank not in silent:
+                found.append(target)
     return tuple(found)
+
+
+def _silent(status: JobStatus) -> frozenset[int]:
+    p = status.progress
+    return frozenset(p.silent) if p is not None and p.attempt == status.attempt else frozenset()
+
+
+def silent_note(job: Job, silent: Sequence[int]) -> str:
+    """'rank 1 serves no metrics on port 9090: progress is not shown for it', or '' for none."""
+    nproc, port = job.spec.nproc_per_node, job.spec.metrics_port
+    said = [f"rank {r} serves no metrics on port {port + r % nproc}" for r in silent]
+    return f"{', '.join(said)}: progress is not shown for {'it' if len(said) == 1 else 'them'}" if said else ""
 
 
 def _poll_interval(job: Job, phase: Phase) -> float:
@@ -333,7 +373,8 @@ def _joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scr
     seen = progress.joined_ranks(s for s in scrapes if s.attempt == status.attempt)
     done = {rank * nproc + i for rank, p in obs.current.items() if p.succeeded for i in range(nproc)}
     remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
-    return min(job.spec.world_size, max(remembered, len(seen | done)))
+    silent = _silent(status)  # serve no metrics: their running pods are all we can know
+    return min(job.spec.world_size, max(remembered, len(seen | done | silent)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,8 +401,12 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
     candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
+    known_ranks = (r.rank for r in old.ranks if r.step is not None)
+    silent = tuple(sorted(set(old.silent) | progress.silent_ranks(scrapes, known_ranks)))
     new = replace(
         old,
+        silent=silent,
+        note=silent_note(job, silent),
         joined=min(spec.world_size, max(old.joined, len(summary.joined))),
         step=summary.step if summary.step is not None else old.step,
         samples_per_second=summary.samples_per_second,
@@ -370,7 +415,7 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
         slowest_rank=summary.slowest_rank,
         last_progress_time=summary.at if advanced else old.last_progress_time,
         observed_time=summary.at,
-        ranks=summary.ranks,
+        ranks=tuple(r for r in summary.ranks if r.rank not in silent),
         straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
     )
     return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)

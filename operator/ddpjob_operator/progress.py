@@ -29,6 +29,9 @@ WORK_PHASES = ("data", "forward", "optimizer")
 """The phases a rank does on its own; ``backward`` holds the wait for the slowest peer."""
 MIN_EXCESS_SECONDS = 0.005
 """A straggler's work time must also exceed the others' median by this much: ignore jitter of fast steps."""
+SILENT_TRIES = 5
+SILENT_SECONDS = 45.0
+"""A rank asked this many times over this long that never answered in its attempt serves no metrics."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,9 +226,17 @@ class ProgressStatus:
     observed_time: datetime | None = None
     ranks: tuple[RankProgress, ...] = ()
     straggler: Straggler | None = None
+    final: bool = False
+    """The figures are the ranks' own, from their exit messages at the end of the run, not a poll's."""
+    silent: tuple[int, ...] = ()
+    """Ranks whose program serves no metrics (``silent_ranks``): no longer polled in this attempt."""
+    note: str = ""
+    """What the figures cannot show, in plain words (the silent ranks)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attempt": self.attempt, "joined": self.joined, "worldSize": self.world_size}
+        if self.final:
+            out["final"] = True
         optional: dict[str, Any] = {
             "step": self.step,
             "samplesPerSecond": self.samples_per_second,
@@ -241,6 +252,10 @@ class ProgressStatus:
             out["ranks"] = [r.to_dict() for r in self.ranks]
         if self.straggler:
             out["straggler"] = {"rank": self.straggler.rank, "since": from_time(self.straggler.since)}
+        if self.silent:
+            out["silentRanks"] = list(self.silent)
+        if self.note:
+            out["note"] = self.note
         return out
 
     @staticmethod
@@ -260,6 +275,9 @@ class ProgressStatus:
             slowest_rank=_int(raw.get("slowestRank")),
             last_progress_time=to_time(raw.get("lastProgressTime")),
             observed_time=to_time(raw.get("observedTime")),
+            final=raw.get("final") is True,
+            silent=tuple(r for r in raw.get("silentRanks") or [] if isinstance(r, int)),
+            note=str(raw.get("note") or ""),
             ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
             straggler=(
                 Straggler(rank=_int(straggler.get("rank")) or 0, since=since)
@@ -396,6 +414,26 @@ def straggler_candidate(work: Mapping[int, float], factor: float) -> tuple[int, 
     if work[rank] > factor * others and work[rank] - others > MIN_EXCESS_SECONDS:
         return rank, work[rank], others
     return None
+
+
+def silent_ranks(scrapes: Sequence[Scrape], answered_before: Iterable[int]) -> frozenset[int]:
+    """Ranks never answered, asked at least SILENT_TRIES times over SILENT_SECONDS (one attempt's polls).
+
+    A program that serves no /metrics (the textbook script) refuses every poll; ours serves within
+    seconds of starting, so most of a minute of refusals is not a slow start.
+    """
+    answered = set(answered_before)
+    asked: dict[int, list[datetime]] = {}
+    for scrape in scrapes:
+        answered.update(scrape.ranks)
+        for target in scrape.targets:
+            if target.rank not in scrape.ranks:
+                asked.setdefault(target.rank, []).append(scrape.at)
+    return frozenset(
+        rank
+        for rank, at in asked.items()
+        if rank not in answered and len(at) >= SILENT_TRIES and (at[-1] - at[0]).total_seconds() >= SILENT_SECONDS
+    )
 
 
 def joined_ranks(scrapes: Iterable[Scrape]) -> frozenset[int]:

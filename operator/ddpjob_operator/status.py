@@ -34,11 +34,17 @@ class PodView:
     terminating: bool = False
     exit_code: int | None = None
     """The trainer container's exit code once it has terminated."""
+    exit_reason: str = ""
+    """The kubelet's word for how it terminated: Completed, Error, OOMKilled..."""
+    message: str = ""
+    """Its termination message: the program's exit message, or its log's tail (FallbackToLogsOnError)."""
     finished_at: str = ""
     reason: str = ""
     """Why the pod failed when the trainer did not exit by itself (Evicted, an init container...)."""
     ip: str = ""
     node: str = ""
+    blocked: str = ""
+    """Why a container of the pod cannot start (``CANNOT_START``), as one line; empty when none is stuck."""
 
     @property
     def terminated(self) -> bool:
@@ -63,19 +69,38 @@ def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
     return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
+CANNOT_START = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})  # fmt: skip
+"""The kubelet's waiting reasons that mean a container will not start until someone fixes something."""
+
+
+def _blocked(status: Mapping[str, Any]) -> str:
+    """'container trainer: ErrImagePull: <the kubelet's message>' for the first stuck container, init ones first."""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START:
+            said = one_line(str(waiting.get("message") or ""))
+            return f"container {cs.get('name')}: {waiting['reason']}" + (f": {said}" if said else "")
+    return ""
+
+
 def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     status = pod.get("status") or {}
     exit_code: int | None = None
-    finished_at = ""
+    finished_at = exit_reason = message = ""
     reason = str(status.get("reason") or "")
     for cs in status.get("containerStatuses") or []:
         terminated = ((cs or {}).get("state") or {}).get("terminated")
         if cs.get("name") == trainer and terminated and isinstance(terminated.get("exitCode"), int):
             exit_code = terminated["exitCode"]
             finished_at = str(terminated.get("finishedAt") or "")
+            exit_reason = str(terminated.get("reason") or "")
+            message = str(terminated.get("message") or "")
     if exit_code is None and status.get("phase") == "Failed" and not reason:
         for cs in status.get("initContainerStatuses") or []:
             terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
@@ -91,10 +116,13 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         phase=str(status.get("phase") or "Pending"),
         terminating=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
+        exit_reason=exit_reason,
+        message=message,
         finished_at=finished_at,
         reason=reason,
         ip=str(status.get("podIP") or ""),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        blocked=_blocked(status),
     )
 
 
@@ -107,12 +135,30 @@ class Failure:
     exit_code: int | None = None
     cause: str = ""
     """Without an exit code: deleted, evicted, an init container failed..."""
+    exit_reason: str = ""
+    message: str = ""
+    """What the rank said as it exited (its exit message or its log's last lines), on one line."""
     finished_at: str = ""
 
     def describe(self) -> str:
-        if self.exit_code is not None:
-            return f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code}"
-        return f"rank {self.rank} (pod {self.pod}) {self.cause or 'failed'}"
+        if self.exit_code is None:
+            return f"rank {self.rank} (pod {self.pod}) {self.cause or 'failed'}"
+        text = f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code}"
+        if self.exit_reason == "OOMKilled":
+            text += " (OOMKilled: it went over its memory limit)"
+        return f"{text}: {self.message}" if self.message else text
+
+
+MESSAGE_LINES = 3
+"""A log tail (FallbackToLogsOnError) is cut to its last lines: a traceback's last three name the error."""
+MESSAGE_CHARS = 500
+
+
+def one_line(message: str) -> str:
+    """A termination message as one line: a log's last non-empty lines joined with ' | ', cut short."""
+    lines = [" ".join(line.split()) for line in message.splitlines()]
+    text = " | ".join([line for line in lines if line][-MESSAGE_LINES:])
+    return text if len(text) <= MESSAGE_CHARS else "..." + text[-MESSAGE_CHARS:]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +222,8 @@ def observe(
                 failures.append(Failure(rank=rank, pod=f"{job_name}-{rank}", cause="was deleted"))
         elif found.failed:
             cause = found.reason and (found.reason if " " in found.reason else f"failed: {found.reason}")
-            failure = Failure(rank=rank, pod=found.name, exit_code=found.exit_code, cause=cause)
+            failure = Failure(rank=rank, pod=found.name, exit_code=found.exit_code, cause=cause,
+                              exit_reason=found.exit_reason, message=one_line(found.message))  # fmt: skip
             failures.append(replace(failure, finished_at=found.finished_at))
         elif found.terminating and not found.succeeded:
             failures.append(Failure(rank=rank, pod=found.name, cause="was deleted or evicted"))

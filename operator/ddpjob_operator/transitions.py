@@ -6,6 +6,7 @@ phase, conditions and Events. Nothing else sets a phase or a condition.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -83,7 +84,16 @@ class Run:
 
 @dataclass(frozen=True)
 class Wait:
-    """No rank has started yet."""
+    """No rank has started yet; ``unblocked``: the container that could not start got past it."""
+
+    unblocked: bool = False
+
+
+@dataclass(frozen=True)
+class CannotStart:
+    """A rank's container cannot start (its image cannot be pulled, a ConfigMap it needs is missing...)."""
+
+    message: str
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,8 @@ class StragglerRecovered:
 
 
 Transition = (
-    Create | Finish | Restart | Rebuild | Suspend | Resume | Launch | Rendezvous | Run | Wait | FlagStraggler
+    Create | Finish | Restart | Rebuild | Suspend | Resume | Launch | Rendezvous | Run | Wait | CannotStart
+    | FlagStraggler
     | StragglerRecovered
 )  # fmt: skip
 
@@ -164,11 +175,15 @@ def _within_attempt(status: JobStatus, transition: Transition, now: datetime) ->
             if restarting and restarting.status:
                 status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
             return status, (Event(Reason.ALL_RUNNING, message),)
-        case Wait():
+        case Wait(unblocked=unblocked):
             status = replace(status, phase=Phase.PENDING)
-            if status.condition(ConditionType.RUNNING) is None:
+            if unblocked or status.condition(ConditionType.RUNNING) is None:
                 status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
             return status, ()
+        case CannotStart(message=message):
+            status = _not_running(status, Reason.CANNOT_START, message, now)
+            key = hashlib.sha256(message.encode()).hexdigest()[:10]  # one Event per distinct cause
+            return status, (Event(Reason.CANNOT_START, message, warning=True, key=key),)
         case FlagStraggler(rank=rank, message=message, since=since, at=at):
             status = status.with_condition(ConditionType.STRAGGLER_DETECTED, True, Reason.STRAGGLER, message, at)
             key = f"{rank}.{int(since.timestamp())}"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_RANK, MANAGED_BY, RESERVED_ENV
+from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_RANK, MANAGED_BY
 from ddpjob_operator import api, builders
 
 from .factories import job
@@ -51,7 +51,7 @@ SINGLE = {
     "MASTER_ADDR": "train-0.train", "MASTER_PORT": "29500", "WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "0",
     "PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-0.train",
     "PET_MASTER_PORT": "29500", "DDPJOB_NAME": "train", "DDPJOB_ATTEMPT": "4", "METRICS_PORT": "9090",
-    "PYTHONUNBUFFERED": "1",
+    "PYTHONUNBUFFERED": "1", "TERMINATION_MESSAGE_PATH": "/dev/termination-log",
 }  # fmt: skip
 # Four processes per pod: torchrun sets RANK/LOCAL_RANK; WORLD_SIZE counts processes.
 MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
@@ -65,6 +65,17 @@ def test_the_trainer_gets_the_rendezvous_environment(nproc: int, expected: dict[
     assert env_of(pod) == expected
 
 
+def test_the_trainer_leaves_its_exit_message_where_the_kubelet_reads_it_and_falls_back_to_its_log() -> None:
+    trainer = builders.pod(job(), 0, 0)["spec"]["containers"][0]
+    assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert trainer["terminationMessagePath"] == "/dev/termination-log"
+    custom = {"spec": {"containers": [{"name": "t", "image": "i", "terminationMessagePath": "/tmp/said",
+                                       "terminationMessagePolicy": "File"}]}}  # fmt: skip
+    trainer = builders.pod(job(template=custom), 0, 0)["spec"]["containers"][0]
+    assert trainer["terminationMessagePolicy"] == "File"  # the user's choice stands
+    assert {"name": "TERMINATION_MESSAGE_PATH", "value": "/tmp/said"} in trainer["env"]
+
+
 def test_injected_env_comes_first_so_user_env_can_refer_to_it() -> None:
     template = {"spec": {"containers": [
         {"name": "t", "image": "i", "env": [{"name": "OUT", "value": "/out/$(DDPJOB_NAME)-$(RANK)"}]},
@@ -72,7 +83,7 @@ def test_injected_env_comes_first_so_user_env_can_refer_to_it() -> None:
     ]}}  # fmt: skip
     pod = builders.pod(job(template=template), 0, 0)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names[-1] == "OUT" and names[: len(RESERVED_ENV) - 1] == [n for n in SINGLE]
+    assert names[-1] == "OUT" and names[: len(SINGLE)] == list(SINGLE)
     assert env_of(pod, 1) == {"X": "1"}, "only the first container is the trainer"
 
 

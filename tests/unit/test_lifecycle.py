@@ -12,7 +12,7 @@ from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import RankSample, Scrape
-from ddpjob_operator.status import JobStatus, PodView
+from ddpjob_operator.status import JobStatus, PodView, pod_view
 
 from .factories import job, pod
 
@@ -530,3 +530,152 @@ def test_a_finished_or_restarting_job_is_not_polled() -> None:
     c = running(2)
     c.set(0, phase="Failed", exit_code=200)
     assert c.step().poll == ()
+
+
+def summary(step: int, rate: float, seconds: float) -> str:
+    return f'{{"step":{step},"samples":{step * 16},"step_seconds_mean":{seconds},"samples_per_second":{rate}}}'
+
+
+def test_a_succeeded_job_shows_the_final_step_and_rate_its_ranks_left_in_their_exit_messages() -> None:
+    c = running(2)
+    c.metrics = {0: RankSample(ready=True, step=427.0), 1: RankSample(ready=True, step=427.0)}
+    c.poll()
+    assert c.status.progress is not None and c.status.progress.step == 427  # the last poll before the end
+    c.set(0, phase="Succeeded", exit_code=0, message=summary(500, 870.0, 0.0184))
+    c.set(1, phase="Succeeded", exit_code=0, message=summary(500, 860.0, 0.0186))
+    c.settle()
+    final = c.status.progress
+    assert c.status.phase is Phase.SUCCEEDED and final is not None
+    assert (final.final, final.step, final.samples_per_second, final.step_time_p50) == (True, 500, 1730.0, 0.0185)
+    assert final.to_dict()["final"] is True and final.to_dict()["stepTime"] == "18.5ms"
+
+
+def test_without_an_exit_summary_from_every_rank_the_polled_figures_stay() -> None:
+    c = running(2)
+    c.set(0, phase="Succeeded", exit_code=0, message=summary(500, 870.0, 0.0184))
+    c.set(1, phase="Succeeded", exit_code=0)  # a program that writes no message
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED and c.status.progress is not None
+    assert not c.status.progress.final and c.status.progress.step != 500
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        (
+            {"exit_code": 2, "message": "--model (TRAIN_MODEL): unknown value 'resnet5O'; choose one of resnet50\n"},
+            "rank 1 (pod train-1) exited with code 2: --model (TRAIN_MODEL): unknown value 'resnet5O'; choose one "
+            "of resnet50: not retryable under restartPolicy ExitCode",
+        ),
+        (
+            {
+                "exit_code": 1,
+                "message": 'Traceback (most recent call last):\n  File "t.py", line 9, in <module>\n'
+                '    main()\n  File "t.py", line 5, in main\n    raise ValueError("no data in /data")\n'
+                "ValueError: no data in /data\n",
+            },
+            'rank 1 (pod train-1) exited with code 1: File "t.py", line 5, in main | raise ValueError("no data in '
+            '/data") | ValueError: no data in /data: not retryable',
+        ),
+    ],
+    ids=["trainer-error", "log-tail"],
+)
+def test_a_failed_rank_says_why_in_the_failed_condition_and_the_event(facts: dict[str, Any], expected: str) -> None:
+    c = running(2, runPolicy={"restartPolicy": "ExitCode"})
+    c.set(1, phase="Failed", **facts)
+    c.step()
+    status, reason, message = c.condition("Failed")
+    assert (status, reason) == (True, "NonRetryableFailure")
+    assert message.startswith(expected)
+    assert any(m.startswith(expected) for m in c.event_messages)
+
+
+def test_an_oom_killed_rank_is_named_as_such_and_restarted_like_any_signal_under_exit_code() -> None:
+    c = running(2, runPolicy={"restartPolicy": "ExitCode", "backoffLimit": 3})
+    c.set(0, phase="Failed", exit_code=137, exit_reason="OOMKilled")
+    c.step()
+    assert c.status.phase is Phase.RESTARTING and c.status.restarts == 1
+    assert (
+        "rank 0 (pod train-0) exited with code 137 (OOMKilled: it went over its memory limit)"
+        in (c.condition("Restarting")[2])
+    )
+
+
+WAITING = {
+    "ErrImagePull": 'failed to pull and unpack image "localhost/nope:1": not found',
+    "CreateContainerConfigError": 'configmap "train-config" not found',
+}
+
+
+@pytest.mark.parametrize("reason", sorted(WAITING))
+def test_a_container_that_cannot_start_is_named_with_its_reason_in_status_and_one_event(reason: str) -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set(1, blocked=f"container trainer: {reason}: {WAITING[reason]}")
+    c.settle()
+    c.settle()
+    expected = f"rank 1 (pod train-1) cannot start: container trainer: {reason}: {WAITING[reason]}"
+    assert c.status.phase is Phase.PENDING
+    assert c.condition("Running") == (False, "ContainerCannotStart", expected)
+    assert c.events.count("ContainerCannotStart") == 1 and expected in c.event_messages
+    c.set(1, blocked="")  # fixed: the image was pushed, the ConfigMap created
+    c.settle()
+    assert c.condition("Running")[1] == "PodsPending"
+    c.set_all(phase="Running")
+    c.join(0, 1)
+    c.settle()
+    c.poll()
+    assert c.status.phase is Phase.RUNNING
+
+
+def test_pod_view_reads_why_a_container_waits_init_containers_first() -> None:
+    raw = {
+        "metadata": {"name": "train-0"},
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {"name": "wait-for-master", "state": {"waiting": {"reason": "ErrImagePull", "message": "a\nb"}}}
+            ],
+            "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        },
+    }
+    assert pod_view(raw, "trainer").blocked == "container wait-for-master: ErrImagePull: a | b"
+    raw["status"]["initContainerStatuses"] = []
+    assert pod_view(raw, "trainer").blocked == ""  # PodInitializing, ContainerCreating: just slow
+
+
+def test_a_rank_that_serves_no_metrics_is_said_once_in_plain_words_and_no_longer_polled() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.join(0)  # rank 1 runs a program without a metrics server: every poll of it is refused
+    for _ in range(30):  # two seconds apart while ranks join
+        c.now += timedelta(seconds=2)
+        c.poll()
+        if c.status.phase is Phase.RUNNING:
+            break
+    p = c.status.progress
+    assert p is not None and p.silent == (1,)
+    assert p.note == "rank 1 serves no metrics on port 9090: progress is not shown for it"
+    assert c.last is not None and [t.rank for t in c.last.poll] == [0]
+    assert all(not r.error for r in p.ranks), "no connection error carried in status"
+    assert c.status.phase is Phase.RUNNING, "its running pod is all we can know: it counts as joined"
+    assert p.to_dict()["silentRanks"] == [1]
+
+
+def test_a_rank_that_is_slow_to_serve_is_not_taken_for_silent() -> None:
+    c = FakeCluster(job(replicas=2))
+    c.settle()
+    c.set_all(phase="Running")
+    c.settle()
+    c.join(0)
+    for _ in range(10):  # 20 s of refusals: a slow start, not a program without metrics
+        c.now += timedelta(seconds=2)
+        c.poll()
+    c.join(1)
+    c.now += timedelta(seconds=2)
+    c.poll()
+    c.settle()
+    assert c.status.progress is not None and c.status.progress.silent == ()
+    assert c.status.phase is Phase.RUNNING

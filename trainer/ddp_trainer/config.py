@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args, get_origin, get_type_hints
 
 from ddp_trainer.errors import ConfigError
-from ddpjob_contract.pods import ENV_CHECKPOINT_DIR, ENV_METRICS_PORT
+from ddpjob_contract.pods import ENV_CHECKPOINT_DIR, ENV_METRICS_PORT, ENV_TERMINATION_MESSAGE_PATH
 
 ENV_PREFIX = "TRAIN_"
-MESSAGE_PATH_ENV = "TERMINATION_MESSAGE_PATH"
+MESSAGE_PATH_ENV = ENV_TERMINATION_MESSAGE_PATH
 
 ModelName = Literal["resnet50", "resnet18", "tinycnn"]
 DataSource = Literal["synthetic", "imagefolder", "cifar10"]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ddp_trainer.config import Config
 from ddp_trainer.metrics import PHASES, StepTiming
+from ddpjob_contract import exits
 
 COLUMNS = ("model", "world", "batch/rank", "img/s", "img/s/rank", "step ms", *(f"{p} ms" for p in PHASES))
 
@@ -28,11 +29,11 @@ def exit_summary(steps: int, timings: Sequence[StepTiming]) -> dict[str, float]:
     ``step`` is the run's final step (a resumed run counts from its checkpoint); ``samples`` are those
     this process trained on. An untimed run (--no-step-timing) has no mean step time and no rate.
     """
-    out: dict[str, float] = {"step": steps, "samples": sum(t.samples for t in timings)}
+    out: dict[str, float] = {exits.SUMMARY_STEP: steps, exits.SUMMARY_SAMPLES: sum(t.samples for t in timings)}
     if timings and timings[-1].timed:
         kept, per_rank = _measured(timings)
-        out["step_seconds_mean"] = round(sum(t.step_seconds for t in kept) / len(kept), 6)
-        out["samples_per_second"] = round(per_rank, 3)
+        out[exits.SUMMARY_STEP_SECONDS] = round(sum(t.step_seconds for t in kept) / len(kept), 6)
+        out[exits.SUMMARY_SAMPLES_PER_SECOND] = round(per_rank, 3)
     return out
 
 

@@ -1,0 +1,85 @@
+"""Pure: the figures a finished run's ranks left in their exit messages (termination messages).
+
+The polls of /metrics stop when the pods end, so the last poll is up to a poll interval (and a
+rate window) behind the end: a status built from polls alone showed step 427 of 500. Each rank
+of our trainer leaves a one-line JSON summary as it exits 0 (``ddpjob_contract.exits``); once every
+rank has, these replace the polled figures with the run's own final ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ddpjob_contract import exits
+from ddpjob_operator.progress import ProgressStatus, RankProgress
+from ddpjob_operator.status import PodView
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExitSummary:
+    step: int
+    samples_per_second: float | None
+    step_seconds: float | None
+
+
+def parse(message: str) -> ExitSummary | None:
+    """The trainer's summary, or None for any other message (text, a log's tail, nothing)."""
+    try:
+        raw = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(raw, Mapping):
+        return None
+    step = raw.get(exits.SUMMARY_STEP)
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return ExitSummary(
+        step=step,
+        samples_per_second=_number(raw.get(exits.SUMMARY_SAMPLES_PER_SECOND)),
+        step_seconds=_number(raw.get(exits.SUMMARY_STEP_SECONDS)),
+    )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def final_progress(
+    old: ProgressStatus, pods: Mapping[int, PodView], nproc_per_node: int, at: datetime | None
+) -> ProgressStatus | None:
+    """The run's final figures from every pod's exit summary; None unless every pod left one.
+
+    A pod's summary speaks for each of its ``nproc_per_node`` processes (they train in lockstep),
+    so the job's samples per second is the sum over pods times ``nproc_per_node``.
+    """
+    summaries = {rank: parse(pod.message) for rank, pod in pods.items()}
+    found = {rank: s for rank, s in summaries.items() if s is not None}
+    if not found or len(found) < len(summaries):
+        return None
+    rates = [s.samples_per_second for s in found.values()]
+    times = [s.step_seconds for s in found.values() if s.step_seconds is not None]
+    step_time = sum(times) / len(times) if times else None
+    return replace(
+        old,
+        final=True,
+        step=max(s.step for s in found.values()),
+        samples_per_second=round(sum(r for r in rates if r is not None) * nproc_per_node, 1)
+        if None not in rates
+        else None,
+        step_time_p50=round(step_time, 4) if step_time is not None else None,
+        window_seconds=None,
+        observed_time=at or old.observed_time,
+        ranks=tuple(
+            RankProgress(
+                rank=rank * nproc_per_node,
+                pod=pods[rank].name,
+                node=pods[rank].node,
+                step=s.step,
+                step_seconds=s.step_seconds,
+            )
+            for rank, s in sorted(found.items())
+        ),
+    )
