@@ -122,9 +122,9 @@ def rate_window(span_seconds: float, scrape_seconds: float) -> float:
 
 
 def query_step(span_seconds: float, scrape_seconds: float) -> float:
-    """Seconds between the plotted points: ``POINTS_PER_PLOT`` across the run, but no finer than half
-    a scrape (finer points would only repeat the same samples)."""
-    return max(scrape_seconds / 2, span_seconds / POINTS_PER_PLOT)
+    """Seconds between the plotted points: ``POINTS_PER_PLOT`` across the run, but no finer than a
+    scrape (finer points only repeat the same samples, drawing stairs)."""
+    return max(scrape_seconds, span_seconds / POINTS_PER_PLOT)
 
 
 def windowed(points: Sequence[Point], window: float, training: tuple[float, float] | None) -> list[Point]:

@@ -127,12 +127,12 @@ def test_the_run_spans_its_start_to_its_completion(status: dict[str, object], sp
 @pytest.mark.parametrize(
     ("run_seconds", "scrape_seconds", "window", "step"),
     [
-        pytest.param(20, 2, 8, 1, id="the issue's 20 s run, scraped every 2 s: 4 scrapes, a point per scrape"),
-        pytest.param(20, 15, 60, 7.5, id="a 20 s run scraped every 15 s: 4 scrapes still, however long the run"),
-        pytest.param(300, 2, 15, 1.25, id="5 minutes: a twentieth of the run"),
-        pytest.param(3600, 30, 180, 15, id="an hour at 30 s: a twentieth, 240 points"),
+        pytest.param(20, 2, 8, 2, id="the issue's 20 s run, scraped every 2 s: 4 scrapes, a point per scrape"),
+        pytest.param(20, 15, 60, 15, id="a 20 s run scraped every 15 s: still 4 scrapes, though longer than the run"),
+        pytest.param(300, 2, 15, 2, id="5 minutes: a twentieth of the run, a point per scrape"),
+        pytest.param(3600, 10, 180, 15, id="an hour at 10 s: a twentieth, 240 points"),
         pytest.param(86400, 15, 4320, 360, id="a day: 72 min windows, 240 points"),
-        pytest.param(21.3, 3.3, 14, 1.65, id="windows are whole seconds, rounded up"),
+        pytest.param(21.3, 3.3, 14, 3.3, id="windows are whole seconds, rounded up"),
     ],
 )
 def test_rate_windows_fit_the_run_and_the_scrape_interval(
