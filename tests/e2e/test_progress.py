@@ -189,6 +189,12 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     assert f"peak {peak:.1f} samples/s (rate over {data.rate_window:g} s)" in text
     assert [Path(w.removeprefix("wrote ")).name for w in wrote] == [f"done-{f}.png" for f in report.FIGURES]
 
+    args.prometheus, args.duration = None, 30  # its ranks are gone: the status at once, no 30 s of sampling
+    began = time.monotonic()
+    (text, *_) = report.report(args)
+    assert time.monotonic() - began < 10 and text.endswith("source: status"), text
+    assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s")
+
 
 def _summary_samples_per_second(node: LocalNode, pod: Any) -> float:
     """The img/s column of the summary table rank 0 printed at the end of its run."""
