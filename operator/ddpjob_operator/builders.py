@@ -86,7 +86,7 @@ def service(job: Job) -> dict[str, Any]:
 
 
 def injected_env(job: Job, rank: int, attempt: int) -> list[dict[str, str]]:
-    """The rendezvous contract (README, "Environment"). RANK and LOCAL_RANK only with one process
+    """The rendezvous contract (docs/reference.md#environment-contract). RANK and LOCAL_RANK only with one process
     per pod; with more, torchrun derives them from the PET_* variables."""
     spec = job.spec
     master = master_addr(job.name)

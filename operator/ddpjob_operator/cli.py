@@ -19,7 +19,7 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n", "--namespace", action="append", default=[], metavar="NS",
-        help="watch this namespace (repeatable; globs like 'team-*' work); default: all namespaces",
+        help="watch this namespace (repeatable; Kopf's patterns work: 'team-*', '!kube-*'); default: all",
     )  # fmt: skip
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
     parser.add_argument("--metrics-port", type=int, default=8080, help="serve Prometheus /metrics here; 0: off")

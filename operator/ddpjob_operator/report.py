@@ -4,8 +4,12 @@ Three figures: step time per rank over time, the breakdown of a step by phase pe
 throughput. The series come from Prometheus when one is given (``--prometheus URL``: the whole
 run), else from the ranks' own /metrics sampled for ``--duration`` seconds (needs the pod IPs to
 be reachable: run it in the cluster, e.g. in the operator's pod), else from the job's status
-(the last window the operator saw). Gathering (``from_*``) is kept apart from drawing
-(``figures``), which is pure and tested on its own.
+(the last window the operator saw, or the ranks' final figures once the job has finished).
+Gathering (``from_*``) is kept apart from drawing (``figures``), which is pure and tested on its own.
+
+The plots read the run as it was: their x axis is the seconds since the job started, they end at
+its completion, and Prometheus' rate windows fit the run (``rate_window``): a fixed 30 s window
+would smooth a 20-second run into a slow ramp that never reaches its real throughput.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 import urllib.parse
@@ -20,17 +25,20 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpjob_contract import metrics as names
+from ddpjob_contract.status import ConditionType
 from ddpjob_operator import progress
 from ddpjob_operator.progress import RankSample, Target
+from ddpjob_operator.times import to_time
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-Point = tuple[float, float]  # (seconds since the first sample, value)
+Point = tuple[float, float]  # (seconds since the job started, value)
 FIGURES = ("step-time", "phases", "throughput")
 WORK = "data+forward+optimizer"
 """From the status: what a rank does alone (``status.progress.ranks[].workSeconds``)..."""
@@ -48,6 +56,14 @@ class ReportData:
     """Rank -> seconds per step over time."""
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     """Rank -> phase -> mean seconds per step (from the status: ``WORK`` and ``REST`` only)."""
+    throughput: list[Point] = field(default_factory=list)
+    """Samples per second, all ranks together, over time."""
+    span: Span | None = None
+    """The run on the wall clock; the x axes run from its start to its end."""
+    rate_window: float | None = None
+    """Seconds each Prometheus rate averages over (None: not from Prometheus)."""
+    training: tuple[float, float] | None = None
+    """The first and the last step, in seconds since the start (shaded on the time axes)."""
 
     @property
     def phase_names(self) -> list[str]:
@@ -55,8 +71,77 @@ class ReportData:
         seen = {p for by_phase in self.phases.values() for p in by_phase}
         return [p for p in (*names.PHASES, WORK, REST) if p in seen] or list(names.PHASES)
 
-    throughput: list[Point] = field(default_factory=list)
-    """Samples per second, all ranks together, over time."""
+
+# ---------------------------------------------------------------------------------------------
+# The run's span, and Prometheus' windows over it (pure)
+
+DEFAULT_SCRAPE_SECONDS = 15.0
+"""Assumed when Prometheus holds too few samples to tell its scrape interval."""
+MIN_SCRAPES_PER_WINDOW = 4
+"""A rate needs two samples in its window; four leave room for a missed or late scrape."""
+RUN_FRACTION_PER_WINDOW = 1 / 20
+"""On long runs a window of a twentieth of the run smooths noise without hiding a trend."""
+POINTS_PER_PLOT = 240
+
+
+@dataclass(frozen=True)
+class Span:
+    """The run on the wall clock (Unix seconds): from the job's start to its completion, or to now."""
+
+    start: float
+    end: float
+    finished: bool
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+def run_span(body: Mapping[str, Any], now: float) -> Span:
+    """``status.startTime`` (else the creation) to ``status.completionTime`` (else the moment the
+    Succeeded or Failed condition turned True; else ``now``: the job still runs)."""
+    status: Mapping[str, Any] = body.get("status") or {}
+    created = to_time((body.get("metadata") or {}).get("creationTimestamp"))
+    start = to_time(status.get("startTime")) or created
+    end = to_time(status.get("completionTime")) or _finished_at(status)
+    begin = start.timestamp() if start else now - 3600
+    return Span(start=begin, end=max(begin, end.timestamp()) if end else now, finished=end is not None)
+
+
+def _finished_at(status: Mapping[str, Any]) -> datetime | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") in (ConditionType.SUCCEEDED, ConditionType.FAILED) and c.get("status") == "True":
+            return to_time(c.get("lastTransitionTime"))
+    return None
+
+
+def rate_window(span_seconds: float, scrape_seconds: float) -> float:
+    """Whole seconds each rate averages over: at least ``MIN_SCRAPES_PER_WINDOW`` scrapes, and on a long
+    run ``RUN_FRACTION_PER_WINDOW`` of it."""
+    return float(math.ceil(max(MIN_SCRAPES_PER_WINDOW * scrape_seconds, RUN_FRACTION_PER_WINDOW * span_seconds)))
+
+
+def query_step(span_seconds: float, scrape_seconds: float) -> float:
+    """Seconds between the plotted points: ``POINTS_PER_PLOT`` across the run, but no finer than a
+    scrape (finer points only repeat the same samples, drawing stairs)."""
+    return max(scrape_seconds, span_seconds / POINTS_PER_PLOT)
+
+
+def windowed(points: Sequence[Point], window: float, training: tuple[float, float] | None) -> list[Point]:
+    """Rates evaluated at t (each the mean over [t - window, t]), drawn at the middle of their window.
+
+    With the first and last step known (``training``, seconds since the start), only the windows
+    that lie wholly inside the training are kept: one reaching past either edge would draw a ramp
+    the run never had. A run shorter than one window keeps them all."""
+    inside = [(t, v) for t, v in points if training is None or (training[0] <= t - window and t <= training[1])]
+    return [(t - window / 2, v) for t, v in (inside or points)]
+
+
+def scrape_interval(timestamps: Sequence[Sequence[float]]) -> float:
+    """Prometheus' scrape interval as its samples show it: the median gap between one series'
+    consecutive samples; ``DEFAULT_SCRAPE_SECONDS`` when no series has two."""
+    gaps = sorted(b - a for series in timestamps for a, b in itertools.pairwise(series) if b > a)
+    return gaps[len(gaps) // 2] if gaps else DEFAULT_SCRAPE_SECONDS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,8 +158,8 @@ def figures(data: ReportData) -> dict[str, Figure]:
         points = data.step_time[rank]
         ax.plot([t for t, _ in points], [v * 1000 for _, v in points], marker="." if len(points) < 3 else None,
                 label=f"rank {rank}")  # fmt: skip
-    ax.set(title=f"Step time per rank: {title}", xlabel="seconds", ylabel="ms per step")
-    _legend(ax)
+    ax.set(title=f"Step time per rank: {title}", ylabel="ms per step")
+    _time_axis(ax, data)
 
     phases = Figure(figsize=(8, 4.5))
     ax = phases.add_subplot()
@@ -91,9 +176,25 @@ def figures(data: ReportData) -> dict[str, Figure]:
     ax = rate.add_subplot()
     ax.plot([t for t, _ in data.throughput], [v for _, v in data.throughput],
             marker="." if len(data.throughput) < 3 else None, label="samples/s (all ranks)")  # fmt: skip
-    ax.set(title=f"Throughput: {title}", xlabel="seconds", ylabel="samples per second")
-    _legend(ax)
+    window = f", rate over {data.rate_window:g} s" if data.rate_window else ""
+    ax.set(title=f"Throughput: {title}", ylabel=f"samples per second{window}")
+    ax.set_ylim(bottom=0)
+    _time_axis(ax, data)
     return {"step-time": step, "phases": phases, "throughput": rate}
+
+
+def _time_axis(ax: Any, data: ReportData) -> None:
+    """Seconds since the job started, to its end: nothing is drawn past the run."""
+    if data.training:
+        ax.axvspan(*data.training, color="0.94", zorder=0, label="training (first to last step)")
+    span = data.span
+    if span is not None and span.seconds > 0:
+        ax.set_xlim(0, span.seconds)
+        until = "completion" if span.finished else "now"
+        ax.set_xlabel(f"seconds since the job started ({until} at {span.seconds:.0f} s)")
+    else:
+        ax.set_xlabel("seconds since the job started")
+    _legend(ax)
 
 
 def _legend(ax: Any) -> None:
@@ -116,12 +217,18 @@ def write(figs: Mapping[str, Figure], out: Path, job: str) -> list[Path]:
 
 
 def summary(data: ReportData, status: Mapping[str, Any]) -> str:
+    """The figures in ``status.progress``: the ranks' own final ones once the operator has them from their
+    exit messages (``final``), else the last poll's."""
     prog: Mapping[str, Any] = status.get("progress") or {}
+    span = data.span
+    ended = f" after {span.seconds:.0f} s" if span and span.finished else ""
+    final = prog.get("final") is True
+    slowest = f", slowest rank {prog['slowestRank']}" if prog.get("slowestRank") is not None else ""
     lines = [
-        f"DDPJob {data.namespace}/{data.job}: {status.get('phase', 'unknown')}, attempt {status.get('attempt', 0)}, "
-        f"{status.get('restarts', 0)} restarts",
-        f"  step {prog.get('step', '-')}, {prog.get('samplesPerSecond', '-')} samples/s, "
-        f"step time p50 {prog.get('stepTime', '-')}, slowest rank {prog.get('slowestRank', '-')}",
+        f"DDPJob {data.namespace}/{data.job}: {status.get('phase', 'unknown')}{ended}, "
+        f"attempt {status.get('attempt', 0)}, {status.get('restarts', 0)} restarts",
+        f"  {'final' if final else 'last poll'}: step {prog.get('step', '-')}, {prog.get('samplesPerSecond', '-')} "
+        f"samples/s, {'mean step time' if final else 'step time p50'} {prog.get('stepTime', '-')}{slowest}",
     ]
     for c in status.get("conditions") or []:
         if c.get("type") in ("StragglerDetected", "Restarting", "Failed") and c.get("status") == "True":
@@ -131,7 +238,8 @@ def summary(data: ReportData, status: Mapping[str, Any]) -> str:
         lines.append(f"  rank {rank} ms per step: {parts}")
     if data.throughput:
         values = [v for _, v in data.throughput]
-        lines.append(f"  throughput: mean {sum(values) / len(values):.1f}, max {max(values):.1f} samples/s")
+        window = f" (rate over {data.rate_window:g} s)" if data.rate_window else ""
+        lines.append(f"  throughput: mean {sum(values) / len(values):.1f}, peak {max(values):.1f} samples/s{window}")
     lines.append(f"  source: {data.source}")
     return "\n".join(lines)
 
@@ -141,32 +249,64 @@ def summary(data: ReportData, status: Mapping[str, Any]) -> str:
 
 
 def from_prometheus(
-    url: str, namespace: str, job: str, start: float, end: float, *, rate_window: str = "30s"
+    url: str, namespace: str, job: str, span: Span, *, scrape_seconds: float | None = None
 ) -> ReportData:
-    """Series over [start, end] from a Prometheus that labels the ranks' series with namespace, ddpjob and rank."""
+    """Series over ``span`` from a Prometheus that labels the ranks' series with namespace, ddpjob and rank.
+
+    The rate window and the step between points follow from the run's length and the scrape
+    interval, which is read off the samples themselves unless ``scrape_seconds`` says it. Only the
+    windows that lie wholly inside the training (its first to its last step) are drawn."""
     sel = f'namespace="{namespace}",ddpjob="{job}"'
-    step = max(2.0, (end - start) / 300)
-    data = ReportData(job=job, namespace=namespace, source="prometheus")
+    if scrape_seconds is None:
+        recent = f"{max(1, math.ceil(min(span.seconds, 300)))}s"  # enough scrapes to tell the interval
+        raw = _prom(url, "query", f"{names.STEPS_TOTAL}{{{sel}}}[{recent}]", time=span.end)
+        scrape_seconds = scrape_interval([[float(t) for t, _ in s.get("values", [])] for s in raw])
+    window = rate_window(span.seconds, scrape_seconds)
+    data = ReportData(job=job, namespace=namespace, source="prometheus", span=span, rate_window=window)
+    data.training = training = _training(url, sel, span, scrape_seconds)
+    w, step = f"{window:g}s", query_step(span.seconds, scrape_seconds)
+
+    def series(promql: str) -> list[tuple[str, list[Point]]]:
+        found = _prom(url, "query_range", promql, start=span.start, end=span.end, step=step)
+        return [
+            (s["metric"].get("rank", "?"), windowed(_points(s["values"], span.start), window, training)) for s in found
+        ]
+
     per_step = (
-        f"sum by (rank) (rate({names.STEP_SECONDS}_sum{{{sel}}}[{rate_window}]))"
-        f" / sum by (rank) (rate({names.STEP_SECONDS}_count{{{sel}}}[{rate_window}]))"
+        f"sum by (rank) (rate({names.STEP_SECONDS}_sum{{{sel}}}[{w}]))"
+        f" / sum by (rank) (rate({names.STEP_SECONDS}_count{{{sel}}}[{w}]))"
     )
-    for series in _prom(url, "query_range", per_step, start=start, end=end, step=step):
-        data.step_time[series["metric"].get("rank", "?")] = _points(series["values"], start)
-    rate = f"sum(rate({names.SAMPLES_TOTAL}{{{sel}}}[{rate_window}]))"
-    for series in _prom(url, "query_range", rate, start=start, end=end, step=step):
-        data.throughput = _points(series["values"], start)
-    span = f"{max(1, int(end - start) + 1)}s"
-    steps = {
-        s["metric"].get("rank", "?"): float(s["value"][1])
-        for s in _prom(url, "query", f"sum by (rank) (increase({names.STEP_SECONDS}_count{{{sel}}}[{span}]))", time=end)
-    }
-    query = f"sum by (rank, phase) (increase({names.PHASE_SECONDS}_sum{{{sel}}}[{span}]))"
-    for s in _prom(url, "query", query, time=end):
+    data.step_time = dict(series(per_step))
+    for _, points in series(f"sum(rate({names.SAMPLES_TOTAL}{{{sel}}}[{w}]))"):
+        data.throughput = points
+    data.phases = _phases(url, sel, span)
+    return data
+
+
+def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[float, float] | None:
+    """When the ranks' first and last steps finished, in seconds since the start (the trainer's gauge
+    is 0 until its first step)."""
+    whole = f"{max(1, math.ceil(span.seconds))}s"
+    last = f"max(max_over_time({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}}[{whole}]))"
+    first = f"min(min_over_time(({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s]))"
+    ends = [_prom(url, "query", q, time=span.end) for q in (first, last)]
+    if not all(ends):
+        return None
+    return float(ends[0][0]["value"][1]) - span.start, float(ends[1][0]["value"][1]) - span.start
+
+
+def _phases(url: str, sel: str, span: Span) -> dict[str, dict[str, float]]:
+    """Rank -> phase -> mean seconds per step over the whole span."""
+    whole = f"{max(1, math.ceil(span.seconds))}s"
+    query = f"sum by (rank) (increase({names.STEP_SECONDS}_count{{{sel}}}[{whole}]))"
+    steps = {s["metric"].get("rank", "?"): float(s["value"][1]) for s in _prom(url, "query", query, time=span.end)}
+    phases: dict[str, dict[str, float]] = {}
+    query = f"sum by (rank, phase) (increase({names.PHASE_SECONDS}_sum{{{sel}}}[{whole}]))"
+    for s in _prom(url, "query", query, time=span.end):
         rank, phase = s["metric"].get("rank", "?"), s["metric"].get(names.PHASE_LABEL, "?")
         if steps.get(rank):
-            data.phases.setdefault(rank, {})[phase] = float(s["value"][1]) / steps[rank]
-    return data
+            phases.setdefault(rank, {})[phase] = float(s["value"][1]) / steps[rank]
+    return phases
 
 
 def _prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[str, Any]]:
@@ -237,19 +377,22 @@ def _http_get(url: str) -> str:
         return bytes(response.read(4 * 1024 * 1024)).decode(errors="replace")
 
 
-def from_status(job: str, namespace: str, status: Mapping[str, Any]) -> ReportData:
-    """The last window the operator saw: one point per series, and work vs the rest of a step per rank."""
+def from_status(job: str, namespace: str, status: Mapping[str, Any], span: Span | None = None) -> ReportData:
+    """What ``status.progress`` holds (the last window the operator saw, or the final figures): one
+    point per series, at the span's end, and work vs the rest of a step per rank."""
     prog: Mapping[str, Any] = status.get("progress") or {}
-    data = ReportData(job=job, namespace=namespace, source="status")
+    data = ReportData(job=job, namespace=namespace, source="status", span=span)
+    at = span.seconds if span else 0.0
     for r in prog.get("ranks") or []:
         rank = str(r.get("rank"))
         if isinstance(r.get("stepSeconds"), int | float):
-            data.step_time[rank] = [(0.0, float(r["stepSeconds"]))]
-            work = float(r.get("workSeconds") or 0.0)
-            # the status keeps only work (data + forward + optimizer) and the whole step
+            data.step_time[rank] = [(at, float(r["stepSeconds"]))]
+        if isinstance(r.get("stepSeconds"), int | float) and isinstance(r.get("workSeconds"), int | float):
+            # a poll keeps work (data + forward + optimizer) and the whole step; the final figures only the step
+            work = float(r["workSeconds"])
             data.phases[rank] = {WORK: work, REST: max(0.0, float(r["stepSeconds"]) - work)}
     if isinstance(prog.get("samplesPerSecond"), int | float):
-        data.throughput = [(0.0, float(prog["samplesPerSecond"]))]
+        data.throughput = [(at, float(prog["samplesPerSecond"]))]
     return data
 
 
@@ -289,7 +432,6 @@ def report(args: argparse.Namespace) -> list[str]:
     from ddpjob_operator.kube import Kube
     from ddpjob_operator.lifecycle import poll_targets
     from ddpjob_operator.status import observe, parse_status, pod_view
-    from ddpjob_operator.times import to_time
 
     kube = Kube()
     try:
@@ -297,14 +439,11 @@ def report(args: argparse.Namespace) -> list[str]:
         if body is None:
             raise ReportError(f"no DDPJob {args.job!r} in namespace {args.namespace!r}")
         status: Mapping[str, Any] = body.get("status") or {}
+        span = run_span(body, time.time())
         if args.prometheus:
-            meta = body["metadata"]
-            start = to_time(meta.get("creationTimestamp"))
-            end = to_time(status.get("completionTime"))
-            data = from_prometheus(
-                args.prometheus, args.namespace, args.job,
-                start.timestamp() if start else time.time() - 3600, end.timestamp() if end else time.time(),
-            )  # fmt: skip
+            data = from_prometheus(args.prometheus, args.namespace, args.job, span)
+        elif span.finished:  # its ranks are gone: the status holds their final figures
+            data = from_status(args.job, args.namespace, status, span)
         else:
             try:
                 job = parse_job(body)
@@ -317,7 +456,7 @@ def report(args: argparse.Namespace) -> list[str]:
             targets = poll_targets(job, obs)
             data = from_endpoints(args.job, args.namespace, targets, duration=args.duration, interval=args.interval)
             if not data.step_time:
-                data = from_status(args.job, args.namespace, status)
+                data = from_status(args.job, args.namespace, status, span)
     except OSError as err:
         raise ReportError(f"cannot reach {args.prometheus or 'the cluster'}: {err}") from None
     finally:
