@@ -4,8 +4,9 @@
     python -m bench.namespace_delete --jobs 30
 
 The box's control plane without its node (pods stay Pending); the operator as its own process.
-Creates ``--jobs`` DDPJobs, waits until every one has launched its pods, then ``delete ns`` and
-waits until the namespace is gone, plus ``--settle`` seconds for work that trails it. Reports the
+Creates ``--jobs`` DDPJobs, waits until every one has launched its pods and the operator has
+posted their Events, then ``delete ns`` and waits until the namespace is gone, plus ``--settle``
+seconds for work that trails it. Reports the
 operator's CPU seconds for each half (from /proc), and for the deletion: restarts, POSTs (the
 operator's own ``ddpjob_operator_api_requests_total``), and its log lines at ERROR or with a traceback.
 """
@@ -44,6 +45,19 @@ def scrape(op: Operator) -> dict[str, float]:
         if line.startswith("ddpjob_operator_jobs_restarted_total "):
             out["restarts"] = float(line.split()[1])
     return out
+
+
+def settle(op: Operator, quiet: float = 3.0, timeout: float = 300.0) -> None:
+    """Wait until the operator's POSTs stop (the Events of the creates trail them, posted in the background)."""
+    deadline = time.monotonic() + timeout
+    last = scrape(op)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = scrape(op)
+        if now == last:
+            return
+        last = now
+    raise TimeoutError(f"the operator still posts after {timeout:.0f}s")
 
 
 def serving(op: Operator) -> bool:
@@ -100,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 list(pool.map(lambda i: client.post(jobs_path(NAMESPACE), job_body(f"idle-{i:04d}", args.replicas)),
                               range(args.jobs)))  # fmt: skip
             client.wait_for(lambda: launched(client, args.jobs), f"{args.jobs} jobs launched", 600)
-            create_wall, create_cpu = time.monotonic() - wall0, op.cpu_seconds() - cpu0
+            create_wall = time.monotonic() - wall0
+            settle(op)
+            create_cpu = op.cpu_seconds() - cpu0
             log(f"  created and launched in {create_wall:.1f}s; operator CPU {create_cpu:.2f}s")
             before, lines_before = scrape(op), len(op.log().splitlines())
             cpu1, wall1 = op.cpu_seconds(), time.monotonic()

@@ -7,6 +7,7 @@ no restart, no create attempt (they would only be refused with 403), no tracebac
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -36,6 +37,14 @@ def creates() -> float:
     return counter("ddpjob_operator_api_requests_total", verb="POST")
 
 
+def settled() -> None:
+    """Until the operator's POSTs stop: the Events of the creates trail them, posted in the background."""
+    last = -1.0
+    while creates() != last:
+        last = creates()
+        time.sleep(2.0)
+
+
 def all_launched(raw: Raw, ns: str) -> bool:
     jobs = raw.get(JOBS.format(ns=ns))["items"]
     launched = [j for j in jobs if (j.get("status") or {}).get("launchedAttempt") == 0]
@@ -60,6 +69,7 @@ def test_deleting_a_namespace_of_launched_jobs_restarts_nothing_creates_nothing_
             for i in range(JOBS_IN_NAMESPACE):
                 raw.create_job(ns, job_body(f"idle-{i}", REPLICAS))
             wait_for(lambda: all_launched(raw, ns), timeout=120, what=f"{JOBS_IN_NAMESPACE} jobs launched")
+            settled()
             restarts, posts = counter("ddpjob_operator_jobs_restarted_total"), creates()
             raw.delete(f"/api/v1/namespaces/{ns}", {"propagationPolicy": "Background"})
             wait_for(lambda: gone(raw, ns), timeout=120, what=f"namespace {ns} to be gone")
