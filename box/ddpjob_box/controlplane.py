@@ -78,6 +78,8 @@ class ControlPlane:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
+    etcd_url: str = ""
+    """etcd's client URL (its v3 JSON gateway too), once started."""
 
     @property
     def kubeconfig(self) -> Path:
@@ -140,6 +142,7 @@ class ControlPlane:
         shutil.copy(self.data_dir / "admin.kubeconfig", self.kubeconfig)
 
         etcd_port, peer_port = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         etcd = self._component(
             "etcd",
             [

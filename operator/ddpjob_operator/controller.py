@@ -27,10 +27,11 @@ from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, faults, metrics
 from ddpjob_operator.api import Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
-from ddpjob_operator.kube import Conflict, KubeError
+from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating
 from ddpjob_operator.lifecycle import Plan, plan, plan_invalid
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
+from ddpjob_operator.times import to_time
 
 log = logging.getLogger("ddpjob_operator")
 
@@ -58,6 +59,8 @@ class Api(Protocol):
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def get_namespace(self, name: str) -> dict[str, Any] | None: ...
 
 
 class Pods(Protocol):
@@ -154,6 +157,9 @@ class Controller:
         self._events = events
         self._refused: dict[Key, str] = {}
         """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
+        self._terminating: dict[str, datetime] = {}
+        """Namespaces being deleted, and since when: their jobs made before that are left alone.
+        A job made later is in a namespace of the same name made anew, which clears the entry."""
 
     def reconcile(self, key: Key) -> float | None:
         """Reconcile once; returns seconds until the job needs another look (None: only on events)."""
@@ -169,8 +175,12 @@ class Controller:
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.forget(key)
             return None  # gone or going: owner references let the garbage collector take the children
+        if self._in_terminating_namespace(key, body):
+            return None
         old = parse_status(body.get("status"))
         job, the_plan = self._plan(key, body, old, now)
+        if _ends_something(old, the_plan) and self._namespace_deleted(key, now, refused=False):
+            return None  # its pods went with the namespace: not a failure, and nothing is to be made there
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
@@ -188,6 +198,48 @@ class Controller:
             self._events.submit(_post_events, self._api, body, the_plan.status.attempt, the_plan.events, now)
         self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
         return None if job is None else self._execute(key, body, job, the_plan, now)
+
+    def _in_terminating_namespace(self, key: Key, body: Mapping[str, Any]) -> bool:
+        since = self._terminating.get(key[0])
+        if since is None:
+            return False
+        created = to_time(body["metadata"].get("creationTimestamp"))
+        if created is not None and created > since:
+            del self._terminating[key[0]]  # made after that deletion began: the namespace was made anew
+            return False
+        self._leave(key)
+        return True
+
+    def _namespace_deleted(self, key: Key, now: datetime, *, refused: bool) -> bool:
+        """Whether the job's namespace is being deleted (or is gone); if so, leave the job, in one line.
+
+        ``refused``: a create was refused because it is (the deletion's start is then read, or
+        taken as now where the operator may not read namespaces).
+        """
+        since: datetime | None = None
+        try:
+            namespace = self._api.get_namespace(key[0])
+        except KubeError as err:  # a namespaced install may not read namespaces: its creates will tell
+            if not refused:
+                log.debug("could not read namespace %s: %s", key[0], err)
+                return False
+            since = now  # being deleted, since when unknown
+        else:
+            if namespace is not None:  # None: gone already
+                since = to_time((namespace.get("metadata") or {}).get("deletionTimestamp"))
+                if since is None:
+                    return False
+        if since is not None:
+            self._terminating[key[0]] = since
+        log.info("%s/%s: its namespace is being deleted; leaving the job to it", *key)
+        self._leave(key)
+        return True
+
+    def _leave(self, key: Key) -> None:
+        """Stop working on a job of a namespace being deleted. Its body is kept: the pods' deletions
+        wake it again, and with the body at hand each such reconcile asks the apiserver nothing."""
+        self._refused.pop(key, None)
+        self._progress.track(key, 0, (), 0.0)
 
     def forget(self, key: Key) -> None:
         """The job is gone: drop what we held of it and stop polling it."""
@@ -218,10 +270,13 @@ class Controller:
         for pod in the_plan.delete_pods:
             self._api.delete_pod(job.namespace, pod.name, pod.uid)
             faults.point("pod-deleted")
-        if the_plan.create_service:
-            self._api.create(builders.service(job))
         try:
+            if the_plan.create_service:
+                self._api.create(builders.service(job))
             self._create_pods(job, the_plan.status.attempt, the_plan.create_ranks)
+        except NamespaceTerminating:
+            self._namespace_deleted(key, now, refused=True)
+            return None
         except KubeError as err:
             if err.status not in (400, 422):  # quota, an admission policy: reported, retried with backoff
                 event = Event(Reason.POD_CREATE_FAILED, str(err), warning=True)
@@ -296,5 +351,7 @@ def _post_events(api: Api, body: Mapping[str, Any], attempt: int, events: tuple[
         try:
             api.create(event_body(namespace=meta["namespace"], name=meta["name"], uid=meta.get("uid", ""),
                                   attempt=attempt, event=event, now=now))  # fmt: skip
+        except NamespaceTerminating:
+            return  # the job goes with its namespace
         except KubeError as err:  # events are best effort
             log.warning("could not post event %s for %s/%s: %s", event.reason, meta["namespace"], meta["name"], err)

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
-from ddpjob_operator import api
+from ddpjob_operator import api, metrics
 
 
 class KubeError(Exception):
@@ -30,6 +30,10 @@ class Conflict(KubeError):
 
 class Expired(KubeError):
     """A watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class NamespaceTerminating(KubeError):
+    """A create refused (403) because the namespace is being deleted: nothing in it is to be made."""
 
 
 def in_cluster() -> bool:
@@ -86,6 +90,7 @@ class Kube:
         content_type: str = "application/json",
     ) -> Any:
         response = self._call(method, path, body, query, content_type, self._timeout)
+        metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
         raw = response.read()
         data = json.loads(raw) if raw else None
         if 200 <= response.status < 300:
@@ -110,6 +115,14 @@ class Kube:
         """PUT the status subresource; the body's resourceVersion makes a stale write a Conflict."""
         meta = job["metadata"]
         return dict(self._request("PUT", self._job_path(meta["namespace"], meta["name"]) + "/status", body=job))
+
+    def get_namespace(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self._request("GET", f"/api/v1/namespaces/{quote(name)}"))
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
@@ -188,8 +201,24 @@ def _pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
 
 
+def _resource(path: str) -> str:
+    """The resource a path names: ``pods``, ``ddpjobs/status``, ``namespaces``..."""
+    parts = path.strip("/").split("/")
+    parts = parts[2:] if parts[0] == "api" else parts[3:]
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    return "/".join(parts[:1] + parts[2:3])
+
+
+def _causes(data: Any) -> set[str]:
+    details = data.get("details") if isinstance(data, Mapping) else None
+    return {str(c.get("reason")) for c in (details or {}).get("causes") or [] if isinstance(c, Mapping)}
+
+
 def _raise(status: int, data: Any, raw: bytes) -> NoReturn:
     message = data.get("message", "") if isinstance(data, Mapping) else str(raw)[:500]
+    if status == 403 and "NamespaceTerminating" in _causes(data):
+        raise NamespaceTerminating(status, message)
     if status == 409:
         raise Conflict(status, message)
     if status == 410:

@@ -18,6 +18,11 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 RECONCILE_ERRORS = Counter("ddpjob_operator_reconcile_errors_total", "Reconciles that raised and were retried.")
+API_REQUESTS = Counter(
+    "ddpjob_operator_api_requests_total",
+    "Requests to the apiserver (watches aside), by verb, resource and HTTP status code.",
+    ["verb", "resource", "code"],
+)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

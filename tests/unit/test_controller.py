@@ -15,7 +15,7 @@ import pytest
 from ddpjob_operator import builders
 from ddpjob_operator.api import Key, parse_job
 from ddpjob_operator.controller import Bodies, Controller
-from ddpjob_operator.kube import KubeError
+from ddpjob_operator.kube import KubeError, NamespaceTerminating
 from ddpjob_operator.podcache import PodIndex
 from ddpjob_operator.progress import Scrape, Target
 
@@ -35,6 +35,8 @@ class FakeKube:
         self.job["metadata"]["resourceVersion"] = "1"
         self.calls: list[str] = []
         self.threads: set[str] = set()
+        self.namespace_deleted: str | None = None
+        """The namespace's deletionTimestamp: None while it lives."""
         self._lock = threading.Lock()
 
     def _call(self, what: str) -> None:
@@ -65,6 +67,10 @@ class FakeKube:
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         self._call("DELETE job")
+
+    def get_namespace(self, name: str) -> dict[str, Any] | None:
+        self._call("GET namespace")
+        return {"metadata": {"name": name, "deletionTimestamp": self.namespace_deleted}}
 
 
 class Inline(Executor):
@@ -246,3 +252,58 @@ def test_a_pod_refused_for_another_reason_is_reported_and_retried(creates: Execu
     with pytest.raises(KubeError):
         ctl.reconcile(KEY)
     assert kube.events[-1] == "PodCreateFailed" and kube.job["status"]["phase"] == "Pending"
+
+
+def test_launched_ranks_that_vanish_with_their_terminating_namespace_restart_nothing_and_create_nothing(
+    creates: Executor,
+) -> None:
+    kube = FakeKube(replicas=2)
+    cache = FakeCache([])
+    ctl = controller(kube, creates, cache)
+    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # every pod seen: the attempt is launched
+    assert kube.job["status"]["launchedAttempt"] == 0
+    kube.namespace_deleted = "2026-01-01T00:00:00Z"
+    cache.index = PodIndex()  # the namespace controller deleted them
+    kube.calls.clear()
+    assert ctl.reconcile(KEY) is None, "the namespace controller deleted the pods: not a failure"
+    assert "PUT status" not in kube.calls and "POST Pod" not in kube.calls and "POST Event" not in kube.calls
+    assert kube.job["status"]["restarts"] == 0
+    kube.calls.clear()
+    ctl.reconcile(KEY)
+    assert kube.calls == [], "a job of a namespace being deleted is left alone, without asking again"
+
+
+def test_a_create_refused_because_the_namespace_is_terminating_ends_the_jobs_work_quietly(creates: Executor) -> None:
+    class Terminating(FakeKube):
+        def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+            self._call(f"POST {obj['kind']}")
+            raise NamespaceTerminating(403, 'services "train" is forbidden: namespace ns is being terminated')
+
+    kube = Terminating(replicas=2)
+    kube.namespace_deleted = "2026-01-01T00:00:00Z"
+    ctl = controller(kube, creates)
+    assert ctl.reconcile(KEY) is None, "no error: nothing to retry"
+    assert kube.calls.count("POST Service") == 1 and "POST Pod" not in kube.calls
+    kube.calls.clear()
+    ctl.reconcile(KEY)
+    assert kube.calls == [], "the other jobs of that namespace are left alone too"
+    kube.job["metadata"]["creationTimestamp"] = "2026-01-01T00:05:00Z"
+    kube.calls.clear()
+    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the first acts on no cached body: it reads the job again
+    assert "POST Service" in kube.calls, "a job made after that deletion began is in a namespace made anew"
+
+
+def test_a_plan_that_ends_something_in_a_living_namespace_goes_ahead(creates: Executor) -> None:
+    kube = ListsRunningPods(replicas=2)
+    ctl = controller(kube, creates, FakeCache([]))
+    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)
+    job = parse_job(kube.job)
+    ctl._pods = FakeCache([failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)])
+    kube.list_pods = lambda namespace, name: [failed(builders.pod(job, 0, 0), exit_code=1),  # type: ignore[method-assign]
+                                              builders.pod(job, 1, 0)]  # fmt: skip
+    kube.calls.clear()
+    ctl.reconcile(KEY)
+    assert "GET namespace" in kube.calls and kube.job["status"]["phase"] == "Failed"
