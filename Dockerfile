@@ -7,6 +7,9 @@
 # `make images` builds them with buildah from a local Debian base (PYTHON_IMAGE), with the host's pip cache
 # mounted on the cache mounts below, and imports them into the box's containerd.
 #
+# pip's HTTP cache keeps nothing behind a proxy that marks responses uncacheable, so the dependency stages
+# keep the wheels themselves in a wheelhouse on the cache mount: a rebuild downloads only what changed.
+#
 # Layers, cheapest change last: the base, the dependencies (they change only with pyproject.toml's pins),
 # then the project's own packages (a source change rebuilds only these).
 
@@ -31,14 +34,18 @@ RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'
 FROM base AS deps-operator
 COPY --from=requirements /requirements/operator.txt /tmp/requirements.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python -m venv /opt/ddpjob && /opt/ddpjob/bin/pip install -r /tmp/requirements.txt \
+    python -m venv /opt/ddpjob \
+    && /opt/ddpjob/bin/pip download --dest /root/.cache/pip/wheelhouse -r /tmp/requirements.txt \
+    && /opt/ddpjob/bin/pip install --no-index --find-links /root/.cache/pip/wheelhouse -r /tmp/requirements.txt \
     && /opt/ddpjob/bin/python -c "import site; open(site.getsitepackages()[0] + '/ddpjob-app.pth', 'w').write('/opt/ddpjob/app\n')"
 
 FROM base AS deps-trainer
 COPY --from=requirements /requirements/trainer.txt /tmp/requirements.txt
 # On Linux x86_64, PyPI's torch wheel is the CUDA build; the NVIDIA libraries (NCCL among them) come as wheels.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python -m venv /opt/ddpjob && /opt/ddpjob/bin/pip install -r /tmp/requirements.txt \
+    python -m venv /opt/ddpjob \
+    && /opt/ddpjob/bin/pip download --dest /root/.cache/pip/wheelhouse -r /tmp/requirements.txt \
+    && /opt/ddpjob/bin/pip install --no-index --find-links /root/.cache/pip/wheelhouse -r /tmp/requirements.txt \
     && /opt/ddpjob/bin/python -c "import site; open(site.getsitepackages()[0] + '/ddpjob-app.pth', 'w').write('/opt/ddpjob/app\n')"
 
 # The sources every image is built from; the box (test tooling) is copied only because pyproject.toml

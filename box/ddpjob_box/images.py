@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,12 @@ def image_id(name: str) -> str | None:
     if proc.returncode != 0:
         return None
     return proc.stdout.strip() or None
+
+
+def image_entrypoint(name: str) -> list[str]:
+    """The entrypoint a local image declares."""
+    config = json.loads(buildah("inspect", "--type", "image", name, what=f"inspecting {name}"))
+    return [str(part) for part in config["OCIv1"]["config"].get("Entrypoint") or []]
 
 
 def input_key(*parts: object) -> str:
@@ -320,6 +327,7 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
     if target not in TARGETS:
         raise BoxError(f"unknown image target {target!r}: choose one of {', '.join(TARGETS)}")
     base = ensure_base(quiet=quiet)
+    started = time.time()
     name = image_name(target)
     keyed = f"localhost/ddpjob/{target}:{input_key(target, base, _tree_digest(target_inputs(target)))}"
     if image_id(keyed) is None:
@@ -354,7 +362,29 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
             raise BoxError(f"building the {target} image failed (buildah output above); fix it and rerun 'make images'")
     if image_id(name) != image_id(keyed):
         buildah("tag", keyed, name, what=f"tagging {keyed} as {name}")
+        drop_older(keyed, started)
     return name
+
+
+def drop_older(keyed: str, built_since: float) -> None:
+    """Remove the earlier builds of ``keyed``'s repository and the untagged stage images (layer cache) left
+    from builds before ``built_since``: the trainer's dependency layer alone is 5.5 GB. buildah refuses to
+    remove an image another one is built on, so the current build's cache stays."""
+    repo = keyed.rsplit(":", 1)[0]
+    for image in _listing():
+        for name in image.get("names") or []:
+            if name.startswith(f"{repo}:") and name != keyed:
+                subprocess.run(buildah_argv("rmi", name), capture_output=True, check=False)
+    for _ in range(20):  # each pass frees the parents of what the previous one removed
+        stale = [image["id"] for image in _listing() if not image.get("names") and image["created"] < built_since]
+        removed = [i for i in stale if subprocess.run(buildah_argv("rmi", i), capture_output=True).returncode == 0]
+        if not removed:
+            return
+
+
+def _listing() -> list[dict[str, Any]]:
+    listing: list[dict[str, Any]] = json.loads(buildah("images", "--all", "--json", what="listing images") or "[]")
+    return listing
 
 
 def ensure_all(socket: Path | None = None, *, namespace: str = CONTAINERD_NAMESPACE, quiet: bool = False) -> list[str]:
@@ -371,7 +401,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m ddpjob_box.images [--containerd-socket SOCK]``: what ``make images`` runs."""
     import argparse
     import sys
-    import time
 
     parser = argparse.ArgumentParser(prog="python -m ddpjob_box.images", description=main.__doc__)
     parser.add_argument("--containerd-socket", type=Path, help="import the images into this containerd")
