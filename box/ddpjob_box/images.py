@@ -69,8 +69,15 @@ def buildah_argv(*args: str) -> list[str]:
     ]
 
 
+def buildah_env() -> dict[str, str]:
+    """buildah's temporary files (push staging, cache mounts) under the box's cache, not /var/tmp."""
+    tmp = images_dir() / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp))
+
+
 def _run(argv: Sequence[str], what: str, *, cwd: Path | None = None) -> str:
-    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False, env=buildah_env())
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
         last = lines[-1].strip() if lines else f"exit status {proc.returncode}"
@@ -336,6 +343,8 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
         argv = buildah_argv(
             "bud",
             "--layers",
+            # a failed step leaves no mounted working container behind
+            "--force-rm",
             "--pull-never",
             "--runtime",
             RUNTIME,
@@ -355,7 +364,7 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
             str(REPO_ROOT / "Dockerfile"),
             str(REPO_ROOT),
         )
-        proc = subprocess.run(argv, text=True, capture_output=quiet, check=False)
+        proc = subprocess.run(argv, text=True, capture_output=quiet, check=False, env=buildah_env())
         if proc.returncode != 0:
             if quiet:
                 print((proc.stdout + proc.stderr)[-4000:])
