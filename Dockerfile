@@ -23,13 +23,15 @@ RUN groupadd --system --gid 10001 ddpjob \
     && useradd --system --uid 10001 --gid ddpjob --home-dir /home/ddpjob --create-home --shell /usr/sbin/nologin ddpjob
 
 # One requirements file per extra, from pyproject.toml alone: a change elsewhere in it (the version, the tools'
-# settings) writes the same files, so the dependency layers below stay cached.
+# settings) writes the same files, with a fixed mtime (buildah's COPY cache digests it), so the dependency
+# layers below stay cached.
 FROM base AS requirements
 WORKDIR /requirements
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb')); d = p['project']; \
 [open(e + '.txt', 'w').write('\n'.join(p['build-system']['requires'] + d['dependencies'] + d['optional-dependencies'][e]) + '\n') \
- for e in ('operator', 'trainer')]"
+ for e in ('operator', 'trainer')]" \
+    && touch -d @0 operator.txt trainer.txt
 
 FROM base AS deps-operator
 COPY --from=requirements /requirements/operator.txt /tmp/requirements.txt

@@ -13,16 +13,20 @@ system's ``/var/lib/containers``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,40 +209,9 @@ def ensure_pause(*, quiet: bool = False) -> str:
     return name
 
 
-def export_archive(name: str, *, compress: bool = False) -> tuple[Path, str]:
-    """An OCI archive of a local image and its manifest digest, written once per image ID under the cache.
-
-    Uncompressed by default: gzip on 2 cores costs minutes for the trainer's torch layer, and the archive
-    only crosses the local disk (see ``make images`` timings in the commit that chose it).
-    """
-    ident = image_id(name)
-    if ident is None:
-        raise BoxError(f"image {name} is not in the box's storage; build it first (make images)")
-    archives = images_dir() / "archives"
-    archives.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-    stem = f"{safe}-{ident[:16]}{'' if compress else '-raw'}"
-    archive, digest_file = archives / f"{stem}.tar", archives / f"{stem}.digest"
-    if archive.exists() and digest_file.exists():
-        return archive, digest_file.read_text().strip()
-    for stale in archives.glob(f"{safe}-*"):
-        stale.unlink()
-    partial = archive.with_suffix(".partial")
-    argv = ["push", "--quiet", "--digestfile", str(digest_file)]
-    if not compress:
-        argv.append("--disable-compression")
-    buildah(*argv, name, f"oci-archive:{partial}:{name}", what=f"exporting {name}")
-    partial.rename(archive)
-    return archive, digest_file.read_text().strip()
-
-
 def containerd_digest(name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE) -> str | None:
     """The manifest digest containerd holds under ``name``, or None."""
-    ctr = _tool("ctr", "containerd")
-    out = _run(
-        [ctr, "--address", str(socket), "-n", namespace, "images", "ls", f"name=={name}"],
-        f"listing images in containerd at {socket}",
-    )
+    out = _ctr(socket, namespace, "images", "ls", f"name=={name}", what=f"listing images in containerd at {socket}")
     for line in out.splitlines()[1:]:
         fields = line.split()
         if len(fields) >= 3 and fields[0] == name:
@@ -246,22 +219,135 @@ def containerd_digest(name: str, socket: Path, namespace: str = CONTAINERD_NAMES
     return None
 
 
-def import_into_containerd(
-    name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE, *, compress: bool = False
-) -> bool:
+def _ctr(socket: Path, namespace: str, *args: str, what: str) -> str:
+    return _run([_tool("ctr", "containerd"), "--address", str(socket), "-n", namespace, *args], what)
+
+
+def layout_dir() -> Path:
+    return images_dir() / "oci"
+
+
+def export_layout(name: str) -> str:
+    """Write ``name`` into the cache's OCI layout, uncompressed; returns its manifest digest.
+
+    The layout keeps the blobs of earlier pushes, so buildah writes only the layers that changed, and the
+    digest is remembered per image ID, so an unchanged image costs no push at all.
+    """
+    ident = image_id(name)
+    if ident is None:
+        raise BoxError(f"image {name} is not in the box's storage; build it first (make images)")
+    layout = layout_dir()
+    remembered = layout / "digests" / ident
+    if remembered.exists() and (layout / "blobs" / "sha256" / remembered.read_text().split(":")[-1]).exists():
+        return remembered.read_text().strip()
+    remembered.parent.mkdir(parents=True, exist_ok=True)
+    digest_file = remembered.with_suffix(".partial")
+    buildah(
+        "push",
+        "--quiet",
+        "--disable-compression",
+        "--digestfile",
+        str(digest_file),
+        name,
+        f"oci:{layout}:{name}",
+        what=f"exporting {name}",
+    )
+    digest_file.rename(remembered)
+    _collect_garbage(layout)
+    return remembered.read_text().strip()
+
+
+def _manifest_blobs(layout: Path, digest: str) -> list[str]:
+    """The manifest's own digest, its config's and its layers', in that order."""
+    manifest = json.loads((layout / "blobs" / "sha256" / digest.split(":")[1]).read_text())
+    return [digest, manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]
+
+
+def _collect_garbage(layout: Path) -> None:
+    """Delete the blobs no image in the layout's index still names (earlier builds' layers)."""
+    index = json.loads((layout / "index.json").read_text())
+    live = {blob for entry in index["manifests"] for blob in _manifest_blobs(layout, entry["digest"])}
+    for blob in (layout / "blobs" / "sha256").iterdir():
+        if f"sha256:{blob.name}" not in live:
+            blob.unlink()
+    for remembered in (layout / "digests").iterdir():
+        if remembered.read_text().strip() not in live:
+            remembered.unlink()
+
+
+def import_into_containerd(name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE) -> bool:
     """Bring a local image into the containerd listening on ``socket``, under its own name.
 
-    Returns False when containerd already held that very image, so nothing was imported.
+    Only the blobs containerd lacks cross over: a one-line source change moves one small layer, not the
+    trainer's 3 GB of dependencies. Returns False when containerd already held that very image.
     """
-    archive, digest = export_archive(name, compress=compress)
-    if containerd_digest(name, socket, namespace) == digest:
-        return False
-    ctr = _tool("ctr", "containerd")
-    _run(
-        [ctr, "--address", str(socket), "-n", namespace, "images", "import", str(archive)],
-        f"importing {name} into containerd at {socket}",
-    )
+    with _layout_lock():
+        digest = export_layout(name)
+        if containerd_digest(name, socket, namespace) == digest:
+            return False
+        _import_missing(name, digest, socket, namespace)
     return True
+
+
+@contextlib.contextmanager
+def _layout_lock() -> Iterator[None]:
+    """One writer of the layout at a time: a push or its garbage collection must not race an import."""
+    layout_dir().mkdir(parents=True, exist_ok=True)
+    with open(layout_dir() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _import_missing(name: str, digest: str, socket: Path, namespace: str) -> None:
+    have = set(_ctr(socket, namespace, "content", "ls", "--quiet", what=f"listing content in {socket}").split())
+    try:
+        _stream_import(name, digest, socket, namespace, skip=have)
+    except BoxError:
+        # containerd may have collected a blob between the listing and the import: send everything
+        _stream_import(name, digest, socket, namespace, skip=set())
+
+
+def _stream_import(name: str, digest: str, socket: Path, namespace: str, *, skip: set[str]) -> None:
+    """Pipe an OCI archive of ``name`` into ``ctr images import``, leaving out the blobs in ``skip``."""
+    layout = layout_dir()
+    blobs = _manifest_blobs(layout, digest)
+    manifest_size = (layout / "blobs" / "sha256" / digest.split(":")[1]).stat().st_size
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": digest,
+                "size": manifest_size,
+                "annotations": {"org.opencontainers.image.ref.name": name},
+            }
+        ],
+    }
+    argv = [_tool("ctr", "containerd"), "--address", str(socket), "-n", namespace, "images", "import", "-"]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log)
+        assert proc.stdin is not None
+        try:
+            with tarfile.open(fileobj=proc.stdin, mode="w|") as tar:
+                for member, data in (
+                    ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+                    ("index.json", json.dumps(index).encode()),
+                ):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                for position, blob in enumerate(blobs):
+                    if position < 2 or blob not in skip:  # the manifest and config always
+                        tar.add(layout / "blobs" / "sha256" / blob.split(":")[1], f"blobs/sha256/{blob.split(':')[1]}")
+        except BrokenPipeError:
+            pass
+        finally:
+            proc.stdin.close()
+        code = proc.wait()
+        if code != 0:
+            log.seek(0)
+            lines = log.read().decode(errors="replace").strip().splitlines()
+            raise BoxError(f"importing {name} into containerd at {socket} failed: {lines[-1] if lines else code}")
 
 
 # The project's images, from the top-level Dockerfile's targets.
@@ -329,41 +415,45 @@ def target_inputs(target: str) -> list[Path]:
     return [REPO_ROOT / "Dockerfile", REPO_ROOT / "pyproject.toml", *(REPO_ROOT / package_dirs[p] for p in kept)]
 
 
+def bud_argv(target: str, base: str, tag: str) -> list[str]:
+    """``buildah bud`` for one Dockerfile target on the local base, with layer caching."""
+    return buildah_argv(
+        "bud",
+        "--layers",
+        # a failed step leaves no mounted working container behind
+        "--force-rm",
+        "--pull-never",
+        "--runtime",
+        RUNTIME,
+        # runc's state under the box's own directory, not /run/runc
+        "--runtime-flag",
+        f"root={images_dir() / 'runroot' / 'runc'}",
+        "--network",
+        "host",
+        "--build-arg",
+        f"PYTHON_IMAGE={base}",
+        "--target",
+        target,
+        *(arg for volume in build_volumes() for arg in ("--volume", volume)),
+        "--tag",
+        tag,
+        "--file",
+        str(REPO_ROOT / "Dockerfile"),
+        str(REPO_ROOT),
+    )
+
+
 def ensure_target(target: str, *, quiet: bool = False) -> str:
     """Build one of the Dockerfile's targets once per input key; returns the name the chart uses."""
     if target not in TARGETS:
         raise BoxError(f"unknown image target {target!r}: choose one of {', '.join(TARGETS)}")
     base = ensure_base(quiet=quiet)
-    started = time.time()
     name = image_name(target)
     keyed = f"localhost/ddpjob/{target}:{input_key(target, base, _tree_digest(target_inputs(target)))}"
     if image_id(keyed) is None:
         if not quiet:
             print(f"building {name} ({keyed}) with buildah", flush=True)
-        argv = buildah_argv(
-            "bud",
-            "--layers",
-            # a failed step leaves no mounted working container behind
-            "--force-rm",
-            "--pull-never",
-            "--runtime",
-            RUNTIME,
-            # runc's state under the box's own directory, not /run/runc
-            "--runtime-flag",
-            f"root={images_dir() / 'runroot' / 'runc'}",
-            "--network",
-            "host",
-            "--build-arg",
-            f"PYTHON_IMAGE={base}",
-            "--target",
-            target,
-            *(arg for volume in build_volumes() for arg in ("--volume", volume)),
-            "--tag",
-            keyed,
-            "--file",
-            str(REPO_ROOT / "Dockerfile"),
-            str(REPO_ROOT),
-        )
+        argv = bud_argv(target, base, keyed)
         proc = subprocess.run(argv, text=True, capture_output=quiet, check=False, env=buildah_env())
         if proc.returncode != 0:
             if quiet:
@@ -371,24 +461,26 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
             raise BoxError(f"building the {target} image failed (buildah output above); fix it and rerun 'make images'")
     if image_id(name) != image_id(keyed):
         buildah("tag", keyed, name, what=f"tagging {keyed} as {name}")
-        drop_older(keyed, started)
+        drop_older(keyed)
     return name
 
 
-def drop_older(keyed: str, built_since: float) -> None:
-    """Remove the earlier builds of ``keyed``'s repository and the untagged stage images (layer cache) left
-    from builds before ``built_since``: the trainer's dependency layer alone is 5.5 GB. buildah refuses to
-    remove an image another one is built on, so the current build's cache stays."""
+# Builds kept per repository: other checkouts (worktrees) share this storage, and each would otherwise drop
+# the others' build and rebuild its own, 3 GB dependency layer included, on every call.
+KEEP_BUILDS = 3
+
+
+def drop_older(keyed: str) -> None:
+    """Remove all but the newest builds of ``keyed``'s repository. Untagged stage images stay: they are
+    buildah's layer cache, and removing one breaks the cache of every step built on it."""
     repo = keyed.rsplit(":", 1)[0]
-    for image in _listing():
-        for name in image.get("names") or []:
-            if name.startswith(f"{repo}:") and name != keyed:
-                subprocess.run(buildah_argv("rmi", name), capture_output=True, check=False)
-    for _ in range(20):  # each pass frees the parents of what the previous one removed
-        stale = [image["id"] for image in _listing() if not image.get("names") and image["created"] < built_since]
-        removed = [i for i in stale if subprocess.run(buildah_argv("rmi", i), capture_output=True).returncode == 0]
-        if not removed:
-            return
+    builds = sorted(
+        ((image["created"], name) for image in _listing() for name in image.get("names") or []),
+        reverse=True,
+    )
+    ours = [name for _, name in builds if name.startswith(f"{repo}:") and name != keyed]
+    for name in ours[KEEP_BUILDS - 1 :]:
+        subprocess.run(buildah_argv("rmi", name), capture_output=True, check=False)
 
 
 def _listing() -> list[dict[str, Any]]:
