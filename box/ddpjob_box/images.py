@@ -270,6 +270,8 @@ def _collect_garbage(layout: Path) -> None:
     for blob in (layout / "blobs" / "sha256").iterdir():
         if f"sha256:{blob.name}" not in live:
             blob.unlink()
+    for partial in layout.glob("oci-put-blob*"):  # left by a push that was killed
+        partial.unlink()
     for remembered in (layout / "digests").iterdir():
         if remembered.read_text().strip() not in live:
             remembered.unlink()

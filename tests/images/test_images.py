@@ -10,7 +10,8 @@ from ddpjob_box import images
 
 from .conftest import Containerd
 
-pytestmark = pytest.mark.images
+# A cold session builds both images (about 8 minutes here, torch downloaded once) before the first test.
+pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
 
 TINY = (
     "--model", "tinycnn", "--image-size", "16", "--batch-size", "4", "--synthetic-samples", "64",
