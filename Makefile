@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The Go toolchain's usual home, for shells that do not have it on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: setup venv tools system-packages test lint demo bench clean-venv
+.PHONY: setup venv tools system-packages images test lint demo bench clean-venv
 
 setup: venv system-packages tools
 
@@ -20,20 +20,35 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
 	@touch $@
 
-# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces.
+# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces,
+# containerd, runc and the CNI plugins for the node, buildah, debootstrap and umoci for the images (no crun: it
+# fails on hybrid cgroups).
 system-packages:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v unshare >/dev/null || missing="$$missing util-linux"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v containerd >/dev/null || missing="$$missing containerd"; \
+	test -x /usr/sbin/runc || missing="$$missing runc"; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
+	test -x /usr/lib/cni/bridge || missing="$$missing containernetworking-plugins"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
+	command -v iptables >/dev/null || test -x /usr/sbin/iptables || missing="$$missing iptables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
 	fi
 
 tools: venv
 	$(PY) -m ddpjob_box.toolchain
+
+# The base, pause, operator and trainer images, built with buildah and cached by their inputs (see
+# box/ddpjob_box/images.py); CONTAINERD_SOCKET=/path/to.sock also imports them into that containerd.
+CONTAINERD_SOCKET ?=
+images: venv system-packages
+	$(PY) -m ddpjob_box.images $(if $(CONTAINERD_SOCKET),--containerd-socket $(CONTAINERD_SOCKET))
 
 lint: venv
 	$(VENV)/bin/ruff check .
