@@ -1,0 +1,270 @@
+"""A real node: containerd with runc, a CNI bridge, and kubelet registered with the box's apiserver.
+
+Start order: snapshot the host, make the bridge (kubelet's node IP must be on an
+interface before it starts), containerd, the images it runs, the CNI network,
+then kubelet. Stop order is the reverse, and kubelet does not drain pods when it
+stops, so the node kills what runs in its pods' cgroups and the containerd shims
+itself, then puts the host back as the snapshot found it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpjob_box import toolchain
+from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
+from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode import hoststate
+from ddpjob_box.kubenode.configs import (
+    KubeletSettings,
+    NodeLayout,
+    cni_conflist,
+    containerd_toml,
+    kubeconfig,
+    kubelet_configuration,
+    to_json,
+)
+from ddpjob_box.pki import issue_cert
+from ddpjob_box.ports import free_port
+from ddpjob_box.processes import Component, tail, wait_until
+
+# The tenth address of the service range, as kubeadm gives CoreDNS.
+CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
+SNAPSHOT = "host-before.json"
+# Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
+Importer = Callable[[str, Path], None]
+
+
+@dataclass
+class KubeletNode:
+    plane: ControlPlane
+    directory: Path
+    name: str
+    bridge: str
+    subnet: ipaddress.IPv4Network
+    sandbox_image: str
+    importer: Importer
+    images: Sequence[str] = ()
+    taints: tuple[str, ...] = ()
+    containerd: Component | None = None
+    kubelet: Component | None = None
+    before: hoststate.HostState | None = None
+    # What restore could not undo at the last stop; empty when the host is as it was.
+    leftovers: list[str] = field(default_factory=list)
+
+    @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.directory)
+
+    @property
+    def gateway(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            raise BoxError("a kubelet node needs root (cgroups, mounts, network): run as root (sudo make ...)")
+        for tool, package in (("containerd", "containerd"), ("runc", "runc"), ("ip", "iproute2")):
+            if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+                raise BoxError(f"{tool} is missing: run 'apt-get install -y {package}' (or 'make system-packages')")
+        if not Path("/usr/lib/cni/bridge").exists():
+            raise BoxError("the CNI plugins are missing: run 'apt-get install -y containernetworking-plugins'")
+        bins = toolchain.ensure(toolchain.kubernetes_node_build())
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.before = hoststate.snapshot(self.directory, self.bridge)
+        self.before.save(self.directory / SNAPSHOT)
+        try:
+            self._make_bridge()
+            self._start_containerd()
+            for image in dict.fromkeys([self.sandbox_image, *self.images]):
+                self.importer(image, self.layout.containerd_socket)
+            self._write_cni()
+            self._start_kubelet(bins["kubelet"])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _make_bridge(self) -> None:
+        # The CNI bridge plugin would make it at the first pod, but kubelet needs its node IP on an interface.
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+
+    def _start_containerd(self) -> None:
+        layout = self.layout
+        layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+        layout.containerd_config.write_text(containerd_toml(layout, self.sandbox_image))
+        self.containerd = Component(
+            "containerd",
+            [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
+            self.plane.logs_dir / f"containerd-{self.name}.log",
+        )
+        self.containerd.start()
+        ctr = shutil.which("ctr") or "ctr"
+        wait_until(
+            "containerd to serve",
+            lambda: (
+                subprocess.run(
+                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            30,
+            watch=[self.containerd],
+        )
+
+    def _write_cni(self) -> None:
+        layout = self.layout
+        layout.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+        layout.cni_ipam_dir.mkdir(parents=True, exist_ok=True)
+        conflist = cni_conflist(layout, self.bridge, self.subnet)
+        (layout.cni_conf_dir / "10-ddpjob-box.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
+
+    def _start_kubelet(self, binary: Path) -> None:
+        layout, pki = self.layout, self.plane.data_dir / "pki"
+        cert = f"kubelet-{self.name}"
+        issue_cert(pki, cert, f"/CN={self.name}", server=True, ips=[self.gateway, "127.0.0.1"], dns=[self.name])
+        issue_cert(pki, f"{cert}-client", f"/O=system:nodes/CN=system:node:{self.name}", server=False)
+        client = (pki / f"{cert}-client.crt", pki / f"{cert}-client.key")
+        layout.kubelet_kubeconfig.write_text(to_json(kubeconfig(self.plane.server, self.plane.ca_file, *client)))
+        settings = KubeletSettings(
+            node_ip=self.gateway,
+            port=free_port(),
+            healthz_port=free_port(),
+            ca_file=self.plane.ca_file,
+            serving_cert=pki / f"{cert}.crt",
+            serving_key=pki / f"{cert}.key",
+            cluster_dns=CLUSTER_DNS,
+            taints=self.taints,
+        )
+        layout.kubelet_config.write_text(to_json(kubelet_configuration(layout, settings)))
+        for path in (layout.kubelet_root, layout.pod_logs, layout.volume_plugins):
+            path.mkdir(parents=True, exist_ok=True)
+        self.kubelet = Component(
+            "kubelet",
+            [
+                str(binary),
+                f"--config={layout.kubelet_config}",
+                f"--kubeconfig={layout.kubelet_kubeconfig}",
+                f"--root-dir={layout.kubelet_root}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={self.gateway}",
+                "--v=1",
+            ],
+            self.plane.logs_dir / f"kubelet-{self.name}.log",
+        )
+        self.kubelet.start()
+        watch = [c for c in (self.containerd, self.kubelet) if c]
+        wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=watch)
+
+    def ready(self) -> bool:
+        node = self._api_get(f"/api/v1/nodes/{self.name}")
+        conditions = node.get("status", {}).get("conditions", []) if node else []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def _api_get(self, path: str) -> dict[str, Any] | None:
+        ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        request = urllib.request.Request(
+            self.plane.server + path, headers={"Authorization": f"Bearer {self.plane.admin_token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=5) as response:
+                body = json.loads(response.read())
+                return body if isinstance(body, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _delete_node_object(self) -> None:
+        ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        request = urllib.request.Request(
+            f"{self.plane.server}/api/v1/nodes/{self.name}",
+            method="DELETE",
+            headers={"Authorization": f"Bearer {self.plane.admin_token}"},
+        )
+        try:
+            urllib.request.urlopen(request, context=ctx, timeout=5).close()
+        except OSError:
+            pass  # the control plane is already gone, or the node never registered
+
+    def stop(self) -> None:
+        """Stop kubelet, kill the pods' processes and the shims, stop containerd, and restore the host."""
+        if self.kubelet:
+            self.kubelet.stop()
+            self._delete_node_object()
+        self._kill_pods()
+        if self.containerd:
+            self.containerd.stop()
+        if self.before is not None:
+            self.leftovers = hoststate.restore(self.before, self.directory, self.bridge)
+            if self.leftovers:
+                print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
+            self.before = None
+
+    def _kill_pods(self) -> None:
+        """SIGKILL every process in a pod cgroup this node made, and every shim of this node's containerd."""
+        assert self.before is not None or self.containerd is None
+        old = set(self.before.cgroups) if self.before else set()
+        pids: set[int] = set()
+        for rel in hoststate.pod_cgroups():
+            if rel not in old:
+                pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
+        socket = str(self.layout.containerd_socket)
+        pids |= {pid for pid, argv in _processes() if socket in argv and "containerd-shim" in argv}
+        pids.discard(os.getpid())
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+
+    def log_tails(self) -> str:
+        return "\n".join(
+            f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in (self.containerd, self.kubelet) if c
+        )
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BoxError(f"'ip {' '.join(args)}' failed: {proc.stderr.strip()}")
+
+
+def _cgroup_pids(path: Path) -> set[int]:
+    try:
+        return {int(line) for line in (path / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _processes() -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+            except OSError:
+                continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True

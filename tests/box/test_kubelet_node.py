@@ -1,0 +1,158 @@
+"""A real node: kubelet with containerd, runc and a CNI bridge, registered with the box's apiserver.
+
+Nothing here is simulated: the pods run from a local Debian image under runc,
+their logs and exec go apiserver -> kubelet -> containerd, and stopping the node
+must leave the host as a snapshot found it before the node started.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from ddpjob_box import images
+from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode import hoststate
+from ddpjob_box.kubenode.node import KubeletNode
+from ddpjob_box.node.network import pick_subnet
+from tests.conftest import Cluster
+from tests.e2e.conftest import Kubectl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
+
+TAINT = "ddpjob.dev/kubelet-node-test"
+
+
+def _processes_mentioning(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[KubeletNode]:
+    if cluster.box is None or cluster.box.plane is None:
+        pytest.skip("the kubelet node runs only in the box, not in an existing cluster")
+    if os.geteuid() != 0:
+        pytest.skip("a kubelet node needs root")
+    box = cluster.box
+    try:
+        base, pause = images.ensure_base(), images.ensure_pause()
+    except BoxError as err:
+        pytest.fail(f"the node's images could not be built: {err}", pytrace=False)
+    node = KubeletNode(
+        plane=box.plane,
+        directory=box.data_dir / "kubenode",
+        name=f"kubenode-{box.box_id}",
+        bridge=f"kn{box.box_id}",
+        subnet=pick_subnet(int(box.box_id, 16) % 256 + 128),
+        sandbox_image=pause,
+        importer=images.import_into_containerd,
+        images=[base],
+        taints=(TAINT,),
+    )
+    started = time.monotonic()
+    try:
+        node.start()
+    except BoxError as err:
+        pytest.fail(f"the kubelet node did not start: {err}", pytrace=False)
+    print(f"kubelet node Ready {time.monotonic() - started:.1f}s after start")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def kubectl(cluster: Cluster) -> Kubectl:
+    return Kubectl(cluster.kubeconfig)
+
+
+def _pod(name: str, node: KubeletNode, command: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": node.images[0],
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                }
+            ],
+        },
+    }
+
+
+def _wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase in phases:
+            return pod
+        if time.monotonic() > deadline:
+            pytest.fail(f"pod {name} stayed {pod.status.phase} for {timeout}s: {pod.status}", pytrace=False)
+        time.sleep(0.2)
+
+
+def test_the_kubelet_registers_its_node_and_reports_it_ready(node: KubeletNode, api_client: Any) -> None:
+    got = client.CoreV1Api(api_client).read_node(node.name)
+    assert {c.type: c.status for c in got.status.conditions}["Ready"] == "True"
+    assert got.status.node_info.container_runtime_version.startswith("containerd://")
+    assert {a.type: a.address for a in got.status.addresses}["InternalIP"] == node.gateway
+
+
+def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
+    node: KubeletNode, api_client: Any, namespace: str, kubectl: Kubectl
+) -> None:
+    core = client.CoreV1Api(api_client)
+    # The pod waits for a file that only `kubectl exec` creates, so Succeeded proves exec reached the container.
+    script = "echo started on $(cat /etc/hostname); while [ ! -f /tmp/go ]; do sleep 0.1; done; echo finished"
+    created = time.monotonic()
+    core.create_namespaced_pod(namespace, _pod("hello", node, script))
+    pod = _wait_phase(core, namespace, "hello", {"Running", "Succeeded", "Failed"}, 120)
+    print(f"pod Running {time.monotonic() - created:.1f}s after create")
+    assert pod.status.phase == "Running"
+    assert pod.status.pod_ip in node.subnet
+
+    exec_out = kubectl("exec", "-n", namespace, "hello", "--", "sh", "-c", "id -u; touch /tmp/go").stdout
+    assert exec_out.split() == ["0"]
+    pod = _wait_phase(core, namespace, "hello", {"Succeeded", "Failed"}, 60)
+    assert pod.status.phase == "Succeeded"
+    logs = kubectl("logs", "-n", namespace, "hello").stdout
+    assert logs.splitlines() == ["started on hello", "finished"]
+
+
+def test_stopping_the_node_leaves_the_host_as_found(node: KubeletNode, api_client: Any, namespace: str) -> None:
+    core = client.CoreV1Api(api_client)
+    # A pod still running at stop leaves the most behind: mounts, a netns, veth, cgroups, a shim.
+    core.create_namespaced_pod(namespace, _pod("sleeper", node, "sleep 3600"))
+    _wait_phase(core, namespace, "sleeper", {"Running"}, 120)
+    before = hoststate.HostState.load(node.directory / "host-before.json")
+
+    node.stop()
+
+    assert node.leftovers == []
+    assert hoststate.compare(before, hoststate.snapshot(node.directory, node.bridge)) == []
+    assert _processes_mentioning(str(node.directory)) == []
+    assert all(not c.alive() for c in (node.kubelet, node.containerd) if c)
