@@ -20,16 +20,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
 	@touch $@
 
-# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces.
+# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces,
+# containerd, runc and the CNI plugins for the node, buildah, debootstrap and umoci for the images (no crun: it
+# fails on hybrid cgroups).
 system-packages:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v unshare >/dev/null || missing="$$missing util-linux"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v containerd >/dev/null || missing="$$missing containerd"; \
+	test -x /usr/sbin/runc || missing="$$missing runc"; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
+	test -x /usr/lib/cni/bridge || missing="$$missing containernetworking-plugins"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
+	command -v iptables >/dev/null || test -x /usr/sbin/iptables || missing="$$missing iptables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
 	fi
 
 tools: venv
