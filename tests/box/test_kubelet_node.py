@@ -148,7 +148,8 @@ def test_stopping_the_node_leaves_the_host_as_found(node: KubeletNode, api_clien
     # A pod still running at stop leaves the most behind: mounts, a netns, veth, cgroups, a shim.
     core.create_namespaced_pod(namespace, _pod("sleeper", node, "sleep 3600"))
     _wait_phase(core, namespace, "sleeper", {"Running"}, 120)
-    before = hoststate.HostState.load(node.directory / "host-before.json")
+    before = node.before
+    assert before is not None
 
     node.stop()
 

@@ -13,12 +13,11 @@ build running on the same machine does not show up as a difference.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 # kubelet sets the first three (unless protectKernelDefaults); the bridge plugin with isGateway sets ip_forward.
@@ -68,13 +67,6 @@ class HostState:
     mounts: list[str]
     # interfaces that a CNI bridge or the node's own bridge made
     interfaces: list[str]
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> HostState:
-        return cls(**json.loads(path.read_text()))
 
 
 def snapshot(data_dir: Path, bridge: str) -> HostState:

@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from ddpjob_box.processes import Component, tail, wait_until
 
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
-SNAPSHOT = "host-before.json"
+RECORD = "node-record.json"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], None]
 
@@ -83,7 +83,8 @@ class KubeletNode:
         bins = toolchain.ensure(toolchain.kubernetes_node_build())
         self.directory.mkdir(parents=True, exist_ok=True)
         self.before = hoststate.snapshot(self.directory, self.bridge)
-        self.before.save(self.directory / SNAPSHOT)
+        # Written before anything changes the host, so a box killed outright can still be undone (recover).
+        (self.directory / RECORD).write_text(json.dumps({"bridge": self.bridge, "before": asdict(self.before)}))
         try:
             self._make_bridge()
             self._start_containerd()
@@ -202,41 +203,55 @@ class KubeletNode:
         if self.kubelet:
             self.kubelet.stop()
             self._delete_node_object()
-        self._kill_pods()
+        if self.before is not None:
+            kill_pods(self.before, self.layout.containerd_socket)
         if self.containerd:
             self.containerd.stop()
         if self.before is not None:
             self.leftovers = hoststate.restore(self.before, self.directory, self.bridge)
             if self.leftovers:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
+            (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
-
-    def _kill_pods(self) -> None:
-        """SIGKILL every process in a pod cgroup this node made, and every shim of this node's containerd."""
-        assert self.before is not None or self.containerd is None
-        old = set(self.before.cgroups) if self.before else set()
-        pids: set[int] = set()
-        for rel in hoststate.pod_cgroups():
-            if rel not in old:
-                pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
-        socket = str(self.layout.containerd_socket)
-        pids |= {pid for pid, argv in _processes() if socket in argv and "containerd-shim" in argv}
-        pids.discard(os.getpid())
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
 
     def log_tails(self) -> str:
         return "\n".join(
             f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in (self.containerd, self.kubelet) if c
         )
+
+
+def recover(directory: Path) -> bool:
+    """Undo a node whose box was killed outright (its kubelet and containerd died with it, but the shims and
+    pods did not); False when ``directory`` holds no record of a node that was not stopped."""
+    record = directory / RECORD
+    if not record.exists():
+        return False
+    data = json.loads(record.read_text())
+    before = hoststate.HostState(**data["before"])
+    kill_pods(before, NodeLayout(directory).containerd_socket)
+    hoststate.restore(before, directory, data["bridge"])
+    record.unlink()
+    return True
+
+
+def kill_pods(before: hoststate.HostState, socket: Path) -> None:
+    """SIGKILL every process in a pod cgroup made since ``before``, and every shim of the containerd at
+    ``socket``: kubelet does not stop pods when it stops, and shims outlive containerd by design."""
+    old = set(before.cgroups)
+    pids: set[int] = set()
+    for rel in hoststate.pod_cgroups():
+        if rel not in old:
+            pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
+    pids |= {pid for pid, argv in _processes() if str(socket) in argv and "containerd-shim" in argv}
+    pids.discard(os.getpid())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _ip(*args: str) -> None:
