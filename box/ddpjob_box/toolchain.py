@@ -97,6 +97,16 @@ def helm_build() -> GoBuild:
     )
 
 
+def coredns_build() -> GoBuild:
+    """CoreDNS with the kubernetes plugin, from tools/coredns (only the plugins the box's DNS uses)."""
+    coredns = _required_version("coredns", "github.com/coredns/coredns")
+    return GoBuild(
+        module_dir="coredns",
+        key=f"coredns-{coredns}",
+        packages={"coredns": "ddpjob.dev/tools/coredns"},
+    )
+
+
 def _go() -> str:
     go = shutil.which("go")
     if go is None:

@@ -220,3 +220,48 @@ def kubeconfig(server: str, ca_file: Path, cert: Path, key: Path) -> dict[str, A
 def to_json(obj: dict[str, Any]) -> str:
     """kubelet reads YAML, and JSON is YAML."""
     return json.dumps(obj, indent=2) + "\n"
+
+
+def corefile(listen: str, health_port: int, ready_port: int, kubeconfig_path: Path) -> str:
+    """CoreDNS answering for cluster.local from the apiserver (so ``<pod>.<headless service>`` resolves) on the
+    node's bridge address, and forwarding everything else to the host's resolver."""
+    return f""".:53 {{
+    bind {listen}
+    errors
+    health 127.0.0.1:{health_port}
+    ready 127.0.0.1:{ready_port}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig_path} box
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    forward . /etc/resolv.conf
+    cache 5
+}}
+"""
+
+
+def kube_proxy_configuration(
+    kubeconfig_path: Path, node_name: str, node_ip: str, pod_cidr: ipaddress.IPv4Network, healthz: int, metrics: int
+) -> dict[str, Any]:
+    """kube-proxy in iptables mode that leaves the host's conntrack sysctls and route_localnet alone."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path)},
+        "hostnameOverride": node_name,
+        "bindAddress": node_ip,
+        "healthzBindAddress": f"127.0.0.1:{healthz}",
+        "metricsBindAddress": f"127.0.0.1:{metrics}",
+        "mode": "iptables",
+        "clusterCIDR": str(pod_cidr),
+        "detectLocalMode": "ClusterCIDR",
+        # The default (-999) needs CAP_SYS_RESOURCE, which root lacks here.
+        "oomScoreAdj": 0,
+        # Zero means "do not set": the node must not change the host's conntrack table size or timeouts.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        # NodePorts on 127.0.0.1 would need route_localnet=1 on every interface.
+        "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+        "nodePortAddresses": [f"{node_ip}/32"],
+    }

@@ -28,6 +28,10 @@ SYSCTLS = (
     "net.ipv4.ip_forward",
     "net.ipv4.conf.all.route_localnet",
     "net.bridge.bridge-nf-call-iptables",
+    # kube-proxy would set these, but its configuration tells it not to; watched to prove it.
+    "net.netfilter.nf_conntrack_max",
+    "net.netfilter.nf_conntrack_tcp_timeout_established",
+    "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
 )
 # Paths outside the data directory that kubelet, containerd or CNI write to even when told to use other roots.
 WATCHED_DIRS = (

@@ -16,7 +16,9 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +34,8 @@ from ddpjob_box.kubenode.configs import (
     NodeLayout,
     cni_conflist,
     containerd_toml,
+    corefile,
+    kube_proxy_configuration,
     kubeconfig,
     kubelet_configuration,
     to_json,
@@ -43,6 +47,7 @@ from ddpjob_box.processes import Component, tail, wait_until
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
 RECORD = "node-record.json"
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], None]
 
@@ -58,6 +63,13 @@ class KubeletNode:
     importer: Importer
     images: Sequence[str] = ()
     taints: tuple[str, ...] = ()
+    # CoreDNS on the bridge address, named in kubelet's clusterDNS, so pods resolve services and pods by name
+    with_dns: bool = True
+    # kube-proxy, plus a forwarder from the bridge to the apiserver, so pods reach kubernetes.default.svc
+    with_proxy: bool = True
+    coredns: Component | None = None
+    kube_proxy: Component | None = None
+    api_forwarder: Component | None = None
     containerd: Component | None = None
     kubelet: Component | None = None
     before: hoststate.HostState | None = None
@@ -81,17 +93,23 @@ class KubeletNode:
         if not Path("/usr/lib/cni/bridge").exists():
             raise BoxError("the CNI plugins are missing: run 'apt-get install -y containernetworking-plugins'")
         bins = toolchain.ensure(toolchain.kubernetes_node_build())
+        if self.with_dns:
+            bins |= toolchain.ensure(toolchain.coredns_build())
         self.directory.mkdir(parents=True, exist_ok=True)
         self.before = hoststate.snapshot(self.directory, self.bridge)
         # Written before anything changes the host, so a box killed outright can still be undone (recover).
         (self.directory / RECORD).write_text(json.dumps({"bridge": self.bridge, "before": asdict(self.before)}))
         try:
             self._make_bridge()
+            if self.with_dns:
+                self._start_coredns(bins["coredns"])
             self._start_containerd()
             for image in dict.fromkeys([self.sandbox_image, *self.images]):
                 self.importer(image, self.layout.containerd_socket)
             self._write_cni()
             self._start_kubelet(bins["kubelet"])
+            if self.with_proxy:
+                self._start_kube_proxy(bins["kube-proxy"])
         except BaseException:
             self.stop()
             raise
@@ -101,6 +119,16 @@ class KubeletNode:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+
+    def _start_coredns(self, binary: Path) -> None:
+        health, ready = free_port(), free_port()
+        path = self.directory / "Corefile"
+        path.write_text(corefile(self.gateway, health, ready, self.plane.kubeconfig))
+        self.coredns = Component(
+            "coredns", [str(binary), "-conf", str(path)], self.plane.logs_dir / f"coredns-{self.name}.log"
+        )
+        self.coredns.start()
+        wait_until("CoreDNS /ready", lambda: _http_ok(f"http://127.0.0.1:{ready}/ready"), 60, watch=[self.coredns])
 
     def _start_containerd(self) -> None:
         layout = self.layout
@@ -146,7 +174,7 @@ class KubeletNode:
             ca_file=self.plane.ca_file,
             serving_cert=pki / f"{cert}.crt",
             serving_key=pki / f"{cert}.key",
-            cluster_dns=CLUSTER_DNS,
+            cluster_dns=self.gateway if self.with_dns else CLUSTER_DNS,
             taints=self.taints,
         )
         layout.kubelet_config.write_text(to_json(kubelet_configuration(layout, settings)))
@@ -169,6 +197,57 @@ class KubeletNode:
         watch = [c for c in (self.containerd, self.kubelet) if c]
         wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=watch)
 
+    def _start_kube_proxy(self, binary: Path) -> None:
+        pki, port = self.plane.data_dir / "pki", self.plane.apiserver_port
+        assert port is not None
+        self.api_forwarder = Component(
+            "apiserver-forwarder",
+            [sys.executable, "-m", "ddpjob_box.kubenode.apiproxy", self.gateway, str(port), str(port)],
+            self.plane.logs_dir / f"apiserver-forwarder-{self.name}.log",
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+        )
+        self.api_forwarder.start()
+        # The apiserver runs with --endpoint-reconciler-type=none: the box says where the kubernetes Service goes.
+        self._api_write("POST", SLICES, self._api_slice())
+        cert = f"kube-proxy-{self.name}"
+        issue_cert(pki, cert, "/CN=system:kube-proxy", server=False)
+        kubeconfig_path = self.directory / "kube-proxy.kubeconfig"
+        kubeconfig_path.write_text(
+            to_json(kubeconfig(self.plane.server, self.plane.ca_file, pki / f"{cert}.crt", pki / f"{cert}.key"))
+        )
+        healthz = free_port()
+        config = kube_proxy_configuration(kubeconfig_path, self.name, self.gateway, self.subnet, healthz, free_port())
+        config_path = self.directory / "kube-proxy-config.yaml"
+        config_path.write_text(to_json(config))
+        self.kube_proxy = Component(
+            "kube-proxy",
+            [str(binary), f"--config={config_path}", "--v=1"],
+            self.plane.logs_dir / f"kube-proxy-{self.name}.log",
+        )
+        self.kube_proxy.start()
+        wait_until(
+            "kube-proxy /healthz",
+            lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"),
+            60,
+            watch=[self.kube_proxy, self.api_forwarder],
+        )
+
+    def _api_slice(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"kubernetes-{self.name}",
+                "labels": {
+                    "kubernetes.io/service-name": "kubernetes",
+                    "endpointslice.kubernetes.io/managed-by": "ddpjob-box",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.gateway], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": self.plane.apiserver_port, "protocol": "TCP"}],
+        }
+
     def ready(self) -> bool:
         node = self._api_get(f"/api/v1/nodes/{self.name}")
         conditions = node.get("status", {}).get("conditions", []) if node else []
@@ -186,27 +265,44 @@ class KubeletNode:
         except (OSError, ValueError):
             return None
 
-    def _delete_node_object(self) -> None:
+    def _api_write(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """POST or DELETE as the box admin; a 409 on create and a 404 on delete are what was wanted."""
         ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
         request = urllib.request.Request(
-            f"{self.plane.server}/api/v1/nodes/{self.name}",
-            method="DELETE",
-            headers={"Authorization": f"Bearer {self.plane.admin_token}"},
+            self.plane.server + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {self.plane.admin_token}", "Content-Type": "application/json"},
         )
         try:
             urllib.request.urlopen(request, context=ctx, timeout=5).close()
-        except OSError:
-            pass  # the control plane is already gone, or the node never registered
+        except urllib.error.HTTPError as err:
+            if err.code not in (404, 409):
+                raise BoxError(f"{method} {path} failed: {err.code} {err.read()[:200]!r}") from None
+
+    def _forget(self) -> None:
+        """Remove the node's objects from the apiserver, if it is still up."""
+        try:
+            self._api_write(
+                "DELETE", f"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes-{self.name}"
+            )
+            self._api_write("DELETE", f"/api/v1/nodes/{self.name}")
+        except (OSError, BoxError):
+            pass  # the control plane is already gone
 
     def stop(self) -> None:
         """Stop kubelet, kill the pods' processes and the shims, stop containerd, and restore the host."""
+        for component in (self.kube_proxy, self.api_forwarder, self.kubelet):
+            if component:
+                component.stop()
         if self.kubelet:
-            self.kubelet.stop()
-            self._delete_node_object()
+            self._forget()
         if self.before is not None:
             kill_pods(self.before, self.layout.containerd_socket)
         if self.containerd:
             self.containerd.stop()
+        if self.coredns:
+            self.coredns.stop()
         if self.before is not None:
             self.leftovers = hoststate.restore(self.before, self.directory, self.bridge)
             if self.leftovers:
@@ -216,7 +312,9 @@ class KubeletNode:
 
     def log_tails(self) -> str:
         return "\n".join(
-            f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in (self.containerd, self.kubelet) if c
+            f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}"
+            for c in (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
+            if c
         )
 
 
@@ -258,6 +356,14 @@ def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise BoxError(f"'ip {' '.join(args)}' failed: {proc.stderr.strip()}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _cgroup_pids(path: Path) -> set[int]:
