@@ -143,6 +143,45 @@ def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
     assert logs.splitlines() == ["started on hello", "finished"]
 
 
+IN_CLUSTER_VERSION = """
+import json, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+ctx = ssl.create_default_context(cafile=sa + "ca.crt")
+req = urllib.request.Request("https://kubernetes.default.svc/version",
+                             headers={"Authorization": "Bearer " + open(sa + "token").read()})
+print("apiserver", json.load(urllib.request.urlopen(req, context=ctx, timeout=10))["gitVersion"])
+"""
+
+
+def test_a_pod_resolves_its_headless_service_name_and_reaches_the_apiserver_as_kubernetes_default_svc(
+    node: KubeletNode, api_client: Any, namespace: str, kubectl: Kubectl
+) -> None:
+    if not (node.with_dns and node.with_proxy):
+        pytest.skip("this node runs without CoreDNS or kube-proxy")
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "job"},
+            "spec": {"clusterIP": "None", "selector": {"app": "job"}, "ports": [{"port": 29500}]},
+        },
+    )
+    # getent goes through the pod's resolv.conf (CoreDNS) with its search path, as gloo's resolver does.
+    script = (
+        f"for i in $(seq 100); do getent hosts job-0.job && break; sleep 0.2; done; python3 -c '{IN_CLUSTER_VERSION}'"
+    )
+    pod = _pod("job-0", node, script)
+    pod["metadata"]["labels"] = {"app": "job"}
+    pod["spec"] |= {"hostname": "job-0", "subdomain": "job"}
+    core.create_namespaced_pod(namespace, pod)
+    done = _wait_phase(core, namespace, "job-0", {"Succeeded", "Failed"}, 120)
+    logs = kubectl("logs", "-n", namespace, "job-0").stdout
+    assert done.status.phase == "Succeeded", logs
+    assert logs.splitlines()[0].split()[0] == done.status.pod_ip
+    assert "job-0.job" in logs.splitlines()[0]
+    assert logs.splitlines()[-1] == f"apiserver {client.VersionApi(api_client).get_code().git_version}"
+
+
 def test_stopping_the_node_leaves_the_host_as_found(node: KubeletNode, api_client: Any, namespace: str) -> None:
     core = client.CoreV1Api(api_client)
     # A pod still running at stop leaves the most behind: mounts, a netns, veth, cgroups, a shim.

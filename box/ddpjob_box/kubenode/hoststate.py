@@ -13,8 +13,10 @@ build running on the same machine does not show up as a difference.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ WATCHED_DIRS = (
 )
 # The process node and `ip netns add` use /run/netns too; containerd's own namespaces are named cni-<uuid>.
 NETNS_DIR = "/run/netns"
+SHIM_ROOT = "/run/containerd"
 CONTAINERD_NETNS = "cni-"
 CHAIN_PREFIXES = ("KUBE-", "CNI-")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -134,6 +137,9 @@ def restore(before: HostState, data_dir: Path, bridge: str) -> list[str]:
         now_files = now.files.get(root)
         if now_files is None:
             continue
+        if root == SHIM_ROOT:
+            _remove_stale_sockets(Path(root), sorted(set(now_files) - set(was_files or [])), was_files is None)
+            continue
         if was_files is None:
             shutil.rmtree(root, ignore_errors=True)
             continue
@@ -145,6 +151,30 @@ def restore(before: HostState, data_dir: Path, bridge: str) -> list[str]:
                 path.unlink(missing_ok=True)
     failures += compare(before, snapshot(data_dir, bridge))
     return failures
+
+
+def _remove_stale_sockets(root: Path, new: list[str], remove_root: bool) -> None:
+    """containerd 1.6 puts every shim's socket in /run/containerd/s whatever its state dir, so another
+    containerd's live shims may be there too: remove only sockets nobody listens on, and emptied dirs."""
+    for rel in sorted(new, key=len, reverse=True):
+        path = root / rel
+        if path.is_socket() and not _listening(path):
+            path.unlink(missing_ok=True)
+        elif path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    if remove_root:
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _sysctl(name: str) -> str:
