@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -209,7 +210,7 @@ def _delete_chains(table_key: str, chains: set[str]) -> list[str]:
     binary, table = table_key.split("/")
     rules = subprocess.run([binary, "-w", "-t", table, "-S"], capture_output=True, text=True).stdout.splitlines()
     for rule in rules:
-        parts = rule.split()
+        parts = shlex.split(rule)  # comments are quoted and hold spaces
         if parts[:1] == ["-A"] and "-j" in parts and parts[parts.index("-j") + 1] in chains:
             subprocess.run([binary, "-w", "-t", table, "-D", *parts[1:]], capture_output=True)
     for chain in chains:
