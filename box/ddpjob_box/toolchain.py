@@ -182,7 +182,7 @@ def main() -> None:
     import sys
 
     try:
-        for build in (kubernetes_build(), kubernetes_node_build(), helm_build()):
+        for build in (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build()):
             paths = ensure(build)
             print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
     except BoxError as err:

@@ -7,6 +7,7 @@ must leave the host as a snapshot found it before the node started.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from collections.abc import Iterator
@@ -133,7 +134,7 @@ def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
     pod = _wait_phase(core, namespace, "hello", {"Running", "Succeeded", "Failed"}, 120)
     print(f"pod Running {time.monotonic() - created:.1f}s after create")
     assert pod.status.phase == "Running"
-    assert pod.status.pod_ip in node.subnet
+    assert ipaddress.ip_address(pod.status.pod_ip) in node.subnet
 
     exec_out = kubectl("exec", "-n", namespace, "hello", "--", "sh", "-c", "id -u; touch /tmp/go").stdout
     assert exec_out.split() == ["0"]
