@@ -144,6 +144,31 @@ def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
     assert logs.splitlines() == ["started on hello", "finished"]
 
 
+def test_the_runtime_enforces_the_pods_user_read_only_root_and_memory_limit(
+    node: KubeletNode, api_client: Any, namespace: str, kubectl: Kubectl
+) -> None:
+    core = client.CoreV1Api(api_client)
+    restricted = _pod("restricted", node, "id -u; touch /probe 2>/dev/null && echo writable || echo read-only")
+    restricted["spec"]["securityContext"] = {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True}
+    restricted["spec"]["containers"][0]["securityContext"] = {
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    core.create_namespaced_pod(namespace, restricted)
+    # Python holds 200 MB against a 64 Mi limit: the kernel's OOM killer ends it inside the pod's memory cgroup.
+    hog = _pod("hog", node, "python3 -c 'x = bytearray(200 * 1024 * 1024); x[::4096] = b\"x\" * len(x[::4096])'")
+    hog["spec"]["containers"][0]["resources"] = {"limits": {"memory": "64Mi", "cpu": "500m"}}
+    core.create_namespaced_pod(namespace, hog)
+
+    done = _wait_phase(core, namespace, "restricted", {"Succeeded", "Failed"}, 120)
+    assert done.status.phase == "Succeeded"
+    assert kubectl("logs", "-n", namespace, "restricted").stdout.split() == ["10001", "read-only"]
+    oom = _wait_phase(core, namespace, "hog", {"Succeeded", "Failed"}, 120)
+    terminated = oom.status.container_statuses[0].state.terminated
+    assert (oom.status.phase, terminated.reason, terminated.exit_code) == ("Failed", "OOMKilled", 137)
+
+
 IN_CLUSTER_VERSION = """
 import json, ssl, urllib.request
 sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
