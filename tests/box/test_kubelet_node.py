@@ -221,4 +221,5 @@ def test_stopping_the_node_leaves_the_host_as_found(node: KubeletNode, api_clien
     assert node.leftovers == []
     assert hoststate.compare(before, hoststate.snapshot(node.directory, node.bridge)) == []
     assert _processes_mentioning(str(node.directory)) == []
-    assert all(not c.alive() for c in (node.kubelet, node.containerd) if c)
+    assert all(not c.alive() for c in (node.kubelet, node.containerd, node.coredns, node.kube_proxy) if c)
+    assert not node.layout.socket_dir.exists()

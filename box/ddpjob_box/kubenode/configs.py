@@ -7,6 +7,7 @@ where everything is.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 CNI_BIN_DIR = "/usr/lib/cni"
+SOCKETS_ROOT = Path("/run/ddpjob")
+# kubelet's longest socket under its root dir; the whole path must fit a unix socket address (107 bytes).
+KUBELET_SOCKET = "plugins_registry/kubelet-plugin-reg.sock"
 CLUSTER_DOMAIN = "cluster.local"
 
 
@@ -32,8 +36,14 @@ class NodeLayout:
         return self.root / "containerd" / "state"
 
     @property
+    def socket_dir(self) -> Path:
+        """containerd's sockets, in a short directory of their own: a unix socket path has at most 107 bytes,
+        which a data directory nested in a test's temporary directory can use up by itself."""
+        return SOCKETS_ROOT / hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.containerd_state / "containerd.sock"
+        return self.socket_dir / "containerd.sock"
 
     @property
     def containerd_config(self) -> Path:
@@ -84,7 +94,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = "{layout.containerd_socket}"
 
 [ttrpc]
-  address = "{state}/containerd-ttrpc.sock"
+  address = "{layout.socket_dir / "ttrpc.sock"}"
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{layout.root / "containerd" / "opt"}"

@@ -9,6 +9,7 @@ itself, then puts the host back as the snapshot found it.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -30,6 +31,8 @@ from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.configs import (
+    KUBELET_SOCKET,
+    SOCKETS_ROOT,
     KubeletSettings,
     NodeLayout,
     cni_conflist,
@@ -92,6 +95,12 @@ class KubeletNode:
                 raise BoxError(f"{tool} is missing: run 'apt-get install -y {package}' (or 'make system-packages')")
         if not Path("/usr/lib/cni/bridge").exists():
             raise BoxError("the CNI plugins are missing: run 'apt-get install -y containernetworking-plugins'")
+        longest = self.layout.kubelet_root / KUBELET_SOCKET
+        if len(str(longest)) > 107:
+            raise BoxError(
+                f"the data directory's path is too long for kubelet's unix sockets ({longest} has "
+                f"{len(str(longest))} bytes, the limit is 107): choose a shorter --data-dir"
+            )
         bins = toolchain.ensure(toolchain.kubernetes_node_build())
         if self.with_dns:
             bins |= toolchain.ensure(toolchain.coredns_build())
@@ -134,6 +143,7 @@ class KubeletNode:
         layout = self.layout
         layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
         layout.containerd_config.write_text(containerd_toml(layout, self.sandbox_image))
+        layout.socket_dir.mkdir(parents=True, exist_ok=True)
         self.containerd = Component(
             "containerd",
             [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
@@ -307,6 +317,7 @@ class KubeletNode:
             self.leftovers = hoststate.restore(self.before, self.directory, self.bridge)
             if self.leftovers:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
+            _remove_socket_dir(self.layout)
             (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
 
@@ -328,6 +339,7 @@ def recover(directory: Path) -> bool:
     before = hoststate.HostState(**data["before"])
     kill_pods(before, NodeLayout(directory).containerd_socket)
     hoststate.restore(before, directory, data["bridge"])
+    _remove_socket_dir(NodeLayout(directory))
     record.unlink()
     return True
 
@@ -350,6 +362,12 @@ def kill_pods(before: hoststate.HostState, socket: Path) -> None:
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _remove_socket_dir(layout: NodeLayout) -> None:
+    shutil.rmtree(layout.socket_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        SOCKETS_ROOT.rmdir()  # only when no other node's sockets are there
 
 
 def _ip(*args: str) -> None:
