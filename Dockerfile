@@ -20,6 +20,7 @@ RUN groupadd --system --gid 10001 ddpjob \
 FROM base AS source
 WORKDIR /src
 COPY pyproject.toml ./
+COPY contract/ddpjob_contract contract/ddpjob_contract
 COPY operator/ddpjob_operator operator/ddpjob_operator
 COPY trainer/ddp_trainer trainer/ddp_trainer
 COPY box/ddpjob_box box/ddpjob_box

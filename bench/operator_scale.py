@@ -44,6 +44,7 @@ from bench.apiserver import Api
 from bench.common import REPO, RESULTS_DIR, log, machine, percentile, stop_on_sigterm, table, verdict, write_results
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.ports import free_port
+from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
 
 NAME = "operator_scale"
 CRD_FILE = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
@@ -104,7 +105,6 @@ class PodWatch:
     """
 
     def __init__(self, client: Api, replicas: int) -> None:
-        from ddpjob_operator import api
 
         self.replicas = replicas
         self.jobs: dict[tuple[str, str], JobTimes] = {}
@@ -113,8 +113,8 @@ class PodWatch:
         self.resumed = 0
         self.failed: Exception | None = None
         self._client = client
-        self._job_label = api.LABEL_JOB_NAME
-        self._selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+        self._job_label = LABEL_JOB_NAME
+        self._selector = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         listed = client.get("/api/v1/pods", labelSelector=self._selector, limit="1")
         self._version = listed["metadata"]["resourceVersion"]
         self._closed = False

@@ -28,7 +28,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from ddp_trainer import metric_names as m
+from ddpjob_contract import metrics as m
 
 OUTPUT = Path(__file__).resolve().parents[1] / "helm" / "ddpjob" / "dashboards" / "ddpjob.json"
 UID = "ddpjob-training"

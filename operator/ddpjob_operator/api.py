@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ddpjob_contract.pods import RESERVED_ENV
+
 GROUP = "ddpjob.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -23,37 +25,8 @@ KIND = "DDPJob"
 PLURAL = "ddpjobs"
 SHORT_NAME = "ddpj"
 
-# Labels on every child; the first three are the pod contract.
-LABEL_JOB_NAME = "ddpjob.dev/job-name"
-LABEL_RANK = "ddpjob.dev/rank"
-LABEL_ATTEMPT = "ddpjob.dev/attempt"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "ddpjob"
-# Hash of the spec fields a pod is built from: pods of a stale spec are replaced, never reused.
-ANNOTATION_SPEC_HASH = "ddpjob.dev/spec-hash"
-
-# The environment injected into the trainer container (the first container).
-ENV_MASTER_ADDR = "MASTER_ADDR"
-ENV_MASTER_PORT = "MASTER_PORT"
-ENV_WORLD_SIZE = "WORLD_SIZE"
-ENV_RANK = "RANK"
-ENV_LOCAL_RANK = "LOCAL_RANK"
-ENV_PET_NNODES = "PET_NNODES"
-ENV_PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
-ENV_PET_NODE_RANK = "PET_NODE_RANK"
-ENV_PET_MASTER_ADDR = "PET_MASTER_ADDR"
-ENV_PET_MASTER_PORT = "PET_MASTER_PORT"
-ENV_JOB_NAME = "DDPJOB_NAME"
-ENV_ATTEMPT = "DDPJOB_ATTEMPT"
-ENV_CHECKPOINT_DIR = "CHECKPOINT_DIR"
-ENV_METRICS_PORT = "METRICS_PORT"
-ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
-
-RESERVED_ENV: tuple[str, ...] = (
-    ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_WORLD_SIZE, ENV_RANK, ENV_LOCAL_RANK,
-    ENV_PET_NNODES, ENV_PET_NPROC_PER_NODE, ENV_PET_NODE_RANK, ENV_PET_MASTER_ADDR, ENV_PET_MASTER_PORT,
-    ENV_JOB_NAME, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_METRICS_PORT, ENV_PYTHONUNBUFFERED,
-)  # fmt: skip
+Key = tuple[str, str]
+"""A DDPJob by namespace and name: how the work queue, the pod cache and the poller know it."""
 
 # Names the operator adds to the pod; the CRD refuses a template that uses them.
 CHECKPOINT_VOLUME = "ddpjob-checkpoint"

@@ -8,6 +8,29 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ddpjob_contract.pods import (
+    ANNOTATION_SPEC_HASH,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_JOB_NAME,
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_METRICS_PORT,
+    ENV_PET_MASTER_ADDR,
+    ENV_PET_MASTER_PORT,
+    ENV_PET_NNODES,
+    ENV_PET_NODE_RANK,
+    ENV_PET_NPROC_PER_NODE,
+    ENV_PYTHONUNBUFFERED,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_RANK,
+    MANAGED_BY,
+)
 from ddpjob_operator import api
 from ddpjob_operator.api import Job
 
@@ -22,7 +45,7 @@ def master_addr(job_name: str) -> str:
 
 
 def selector(job_name: str) -> dict[str, str]:
-    return {api.LABEL_JOB_NAME: job_name, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+    return {LABEL_JOB_NAME: job_name, LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def owner_reference(job: Job) -> dict[str, Any]:
@@ -66,26 +89,26 @@ def injected_env(job: Job, rank: int, attempt: int) -> list[dict[str, str]]:
     spec = job.spec
     master = master_addr(job.name)
     env = {
-        api.ENV_MASTER_ADDR: master,
-        api.ENV_MASTER_PORT: str(spec.port),
-        api.ENV_WORLD_SIZE: str(spec.world_size),
+        ENV_MASTER_ADDR: master,
+        ENV_MASTER_PORT: str(spec.port),
+        ENV_WORLD_SIZE: str(spec.world_size),
     }
     if spec.nproc_per_node == 1:
-        env[api.ENV_RANK] = str(rank)
-        env[api.ENV_LOCAL_RANK] = "0"
+        env[ENV_RANK] = str(rank)
+        env[ENV_LOCAL_RANK] = "0"
     env |= {
-        api.ENV_PET_NNODES: str(spec.replicas),
-        api.ENV_PET_NPROC_PER_NODE: str(spec.nproc_per_node),
-        api.ENV_PET_NODE_RANK: str(rank),
-        api.ENV_PET_MASTER_ADDR: master,
-        api.ENV_PET_MASTER_PORT: str(spec.port),
-        api.ENV_JOB_NAME: job.name,
-        api.ENV_ATTEMPT: str(attempt),
+        ENV_PET_NNODES: str(spec.replicas),
+        ENV_PET_NPROC_PER_NODE: str(spec.nproc_per_node),
+        ENV_PET_NODE_RANK: str(rank),
+        ENV_PET_MASTER_ADDR: master,
+        ENV_PET_MASTER_PORT: str(spec.port),
+        ENV_JOB_NAME: job.name,
+        ENV_ATTEMPT: str(attempt),
     }
     if spec.checkpoint is not None:
-        env[api.ENV_CHECKPOINT_DIR] = spec.checkpoint.mount_path
-    env[api.ENV_METRICS_PORT] = str(spec.metrics_port)
-    env[api.ENV_PYTHONUNBUFFERED] = "1"
+        env[ENV_CHECKPOINT_DIR] = spec.checkpoint.mount_path
+    env[ENV_METRICS_PORT] = str(spec.metrics_port)
+    env[ENV_PYTHONUNBUFFERED] = "1"
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
@@ -122,7 +145,7 @@ def wait_for_master(job: Job, trainer: dict[str, Any]) -> dict[str, Any]:
         "name": api.WAIT_CONTAINER,
         "image": trainer["image"],
         "command": ["sh", "-c", WAIT_SCRIPT.format(seconds=job.spec.wait_for_master_seconds)],
-        "env": [{"name": api.ENV_MASTER_ADDR, "value": master_addr(job.name)}],
+        "env": [{"name": ENV_MASTER_ADDR, "value": master_addr(job.name)}],
         "resources": {k: v for k, v in small.items() if v},
     }
     for key in ("imagePullPolicy", "securityContext"):
@@ -156,10 +179,10 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     labels = {
         **(meta.get("labels") or {}),
         **selector(job.name),
-        api.LABEL_RANK: str(rank),
-        api.LABEL_ATTEMPT: str(attempt),
+        LABEL_RANK: str(rank),
+        LABEL_ATTEMPT: str(attempt),
     }
-    annotations = {**(meta.get("annotations") or {}), api.ANNOTATION_SPEC_HASH: job.spec.spec_hash}
+    annotations = {**(meta.get("annotations") or {}), ANNOTATION_SPEC_HASH: job.spec.spec_hash}
     name = pod_name(job.name, rank)
     spec["hostname"] = name
     spec["subdomain"] = job.name

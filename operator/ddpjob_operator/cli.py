@@ -105,11 +105,16 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="ddpjob", description="DDPJob: PyTorch DDP training on Kubernetes")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Only the chosen command's arguments are built: `cluster` imports the box, which the operator's
+    # image does not ship, so `ddpjob operator` must never import it.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (help_, add_arguments, run) in COMMANDS.items():
         command = sub.add_parser(name, help=help_, description=help_)
-        add_arguments(command)
+        if name == chosen:
+            add_arguments(command)
         command.set_defaults(run=run)
     args = parser.parse_args(argv)
     result: int = args.run(args)

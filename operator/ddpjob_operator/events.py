@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator import api
-from ddpjob_operator.progress import from_time
+from ddpjob_operator.times import from_time
 
 COMPONENT = "ddpjob-operator"
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
 from ddpjob_operator import api
 
 
@@ -31,11 +32,19 @@ class Expired(KubeError):
     """A watch's resourceVersion is too old (410 Gone): list again."""
 
 
+def in_cluster() -> bool:
+    """Whether to use the pod's service account: in a pod, unless KUBECONFIG says otherwise.
+
+    The one choice of credentials, for our client and Kopf's (``handlers.login``).
+    """
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
+
+
 def _client_from_environment(connections: int) -> Any:
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if in_cluster():
         config.load_incluster_config(client_configuration=configuration)
     else:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
@@ -110,7 +119,7 @@ class Kube:
     # Pods and Services
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        selector = f"{api.LABEL_JOB_NAME}={job_name},{_MANAGED}"
+        selector = f"{LABEL_JOB_NAME}={job_name},{_MANAGED}"
         data = self._request("GET", _pods_path(namespace), query=[("labelSelector", selector)])
         return list(data.get("items") or [])
 
@@ -172,7 +181,7 @@ class Kube:
                 raise
 
 
-_MANAGED = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
+_MANAGED = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 def _pods_path(namespace: str) -> str:

@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics (the trainer's are in ddp_trainer.metric_names).
+"""The operator's own Prometheus metrics (the trainer's are in ddpjob_contract.metrics).
 
 Counters count the transitions this operator process performed; PromQL's rate/increase handle
 operator restarts, as for any counter.

@@ -15,19 +15,19 @@ the cluster when the operator watches all of them (or globs, which it matches he
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
-from ddpjob_operator import api
-from ddpjob_operator.kube import Expired, Kube
+from ddpjob_contract.pods import LABEL_JOB_NAME
+from ddpjob_operator import namespaces
+from ddpjob_operator.api import Key
+from ddpjob_operator.kube import Expired
 
 log = logging.getLogger("ddpjob_operator")
 
-Key = tuple[str, str]  # namespace, job name
 Pod = dict[str, Any]
 
 WATCH_SECONDS = 300
@@ -64,7 +64,7 @@ def _same(a: Pod | None, b: Pod) -> bool:
 
 def job_key(pod: Mapping[str, Any]) -> Key | None:
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(api.LABEL_JOB_NAME)
+    job = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
     return (str(meta.get("namespace", "")), str(job)) if job else None
 
 
@@ -123,20 +123,30 @@ def _uid(pod: Pod | None) -> str | None:
     return (pod.get("metadata") or {}).get("uid") if pod is not None else None
 
 
+class PodSource(Protocol):
+    """What the cache reads of the apiserver (``kube.Kube`` in production)."""
+
+    def list_managed_pods(self, namespace: str) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch_managed_pods(
+        self, namespace: str, version: str, seconds: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
 class PodCache:
     """Keeps a ``PodIndex`` current from the apiserver, on one thread per watched namespace.
 
-    ``namespaces``: the operator's (empty: all; globs are matched here against a cluster-wide
-    watch). ``changed`` is called, from those threads, with each job whose pods changed.
+    ``served``: the operator's namespaces (empty: all; patterns, see ``namespaces``, are matched
+    here against a cluster-wide watch). ``changed`` is called, from those threads, with each job whose pods changed.
     """
 
-    def __init__(self, kube: Kube, namespaces: Sequence[str], changed: Callable[[Key], None]) -> None:
+    def __init__(self, kube: PodSource, served: Sequence[str], changed: Callable[[Key], None]) -> None:
         self.index = PodIndex()
         self._kube = kube
         self._changed = changed
-        globs = [ns for ns in namespaces if any(c in ns for c in "*?[")]
-        self._patterns = list(namespaces) if globs else []
-        scopes = [""] if not namespaces or globs else list(dict.fromkeys(namespaces))
+        patterns = namespaces.any_pattern(served)
+        self._patterns = list(served) if patterns else []
+        scopes = [""] if not served or patterns else list(dict.fromkeys(served))
         self._unsynced = set(scopes)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -161,9 +171,12 @@ class PodCache:
         """The job's pods as last seen; None until synced (the caller then lists them itself)."""
         return self.index.pods(key) if self.synced else None
 
+    def created(self, pod: Pod) -> None:
+        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
+        self.index.created(pod)
+
     def _wanted(self, pod: Pod) -> bool:
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        return not self._patterns or any(fnmatch.fnmatchcase(namespace, p) for p in self._patterns)
+        return namespaces.served(str((pod.get("metadata") or {}).get("namespace", "")), self._patterns)
 
     def _run(self, namespace: str) -> None:
         failures = 0

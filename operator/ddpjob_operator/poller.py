@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 import aiohttp
 
 from ddpjob_operator import progress
+from ddpjob_operator.api import Key
 from ddpjob_operator.progress import Scrape, Target
 
-Key = tuple[str, str]  # namespace, name
 Fetch = Callable[[str], Awaitable[str]]
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,11 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from ddp_trainer import metric_names as names
+from ddpjob_contract import metrics as names
+from ddpjob_operator.times import from_time, to_time
 
 WINDOW_SECONDS = 60.0
 """The status figures (samples/s, step time p50, per-rank times) cover at most the last minute."""
@@ -28,21 +29,6 @@ WORK_PHASES = ("data", "forward", "optimizer")
 """The phases a rank does on its own; ``backward`` holds the wait for the slowest peer."""
 MIN_EXCESS_SECONDS = 0.005
 """A straggler's work time must also exceed the others' median by this much: ignore jitter of fast steps."""
-
-
-def to_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp from the API, as an aware datetime; None for anything else."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def from_time(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,56 +314,72 @@ def _answers(scrapes: Sequence[Scrape], rank: int) -> list[tuple[datetime, RankS
     return [(s.at, s.ranks[rank]) for s in scrapes if rank in s.ranks]
 
 
+@dataclass(frozen=True, kw_only=True)
+class _RankWindow:
+    """One rank's answers within the window, reduced to what the job's figures add up."""
+
+    progress: RankProgress
+    reached: float
+    rate: float | None
+    """Samples per second over the window; None with fewer than two answers."""
+    buckets: tuple[tuple[float, float], ...]
+    recent_work: float | None
+    """Work seconds per step between its last two answers."""
+
+
+def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], error: str) -> _RankWindow:
+    (first_at, first), (last_at, last) = answers[0], answers[-1]
+    window = last.minus(first if len(answers) > 1 else None)
+    span = (last_at - first_at).total_seconds()
+    latest = last.minus(answers[-2][1] if len(answers) > 1 else None)
+    timed = window.step_count > 0
+    return _RankWindow(
+        progress=RankProgress(
+            rank=target.rank,
+            pod=target.pod,
+            node=target.node,
+            step=int(last.reached),
+            step_seconds=_round(window.step_sum / window.step_count) if timed else None,
+            work_seconds=_round(window.work_sum / window.step_count) if timed else None,
+            error=error,
+        ),
+        reached=last.reached,
+        rate=window.samples / span if len(answers) > 1 and span > 0 else None,
+        buckets=window.step_buckets,
+        recent_work=latest.work_sum / latest.step_count if latest.step_count > 0 else None,
+    )
+
+
 def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS) -> Summary | None:
     """Figures over the scrapes of the last ``window_seconds`` (oldest first, one attempt); None if none."""
     if not scrapes:
         return None
     latest = scrapes[-1]
     recent = [s for s in scrapes if (latest.at - s.at).total_seconds() <= window_seconds]
-    joined = frozenset(r for s in scrapes for r, sample in s.ranks.items() if sample.ready)
     ranks: list[RankProgress] = []
-    rates: list[float] = []
-    merged: dict[float, float] = {}
-    recent_work: dict[int, float] = {}
-    steps: list[float] = []
+    windows: list[_RankWindow] = []
     for target in sorted(latest.targets, key=lambda t: t.rank):
         answers = _answers(recent, target.rank)
-        if not answers:
+        if answers:
+            windows.append(_rank_window(target, answers, latest.errors.get(target.rank, "")))
+            ranks.append(windows[-1].progress)
+        else:
             ranks.append(RankProgress(rank=target.rank, pod=target.pod, node=target.node,
                                       error=latest.errors.get(target.rank, "no answer")))  # fmt: skip
-            continue
-        (first_at, first), (last_at, last) = answers[0], answers[-1]
-        window = last.minus(first if len(answers) > 1 else None)
-        steps.append(last.reached)
-        if len(answers) > 1 and (last_at - first_at).total_seconds() > 0:
-            rates.append(window.samples / (last_at - first_at).total_seconds())
-        for le, n in window.step_buckets:
-            merged[le] = merged.get(le, 0.0) + n
-        previous = answers[-2][1] if len(answers) > 1 else None
-        latest_delta = last.minus(previous)
-        if latest_delta.step_count > 0:
-            recent_work[target.rank] = latest_delta.work_sum / latest_delta.step_count
-        ranks.append(
-            RankProgress(
-                rank=target.rank,
-                pod=target.pod,
-                node=target.node,
-                step=int(last.reached),
-                step_seconds=_round(window.step_sum / window.step_count) if window.step_count > 0 else None,
-                work_seconds=_round(window.work_sum / window.step_count) if window.step_count > 0 else None,
-                error=latest.errors.get(target.rank, ""),
-            )
-        )
+    merged: dict[float, float] = {}
+    for le, n in (bucket for w in windows for bucket in w.buckets):
+        merged[le] = merged.get(le, 0.0) + n
     p50 = quantile(0.5, sorted(merged.items()))
+    rates = [w.rate for w in windows if w.rate is not None]
     return Summary(
         at=latest.at,
-        joined=joined,
-        step=int(max(steps)) if steps else None,
+        joined=joined_ranks(scrapes),
+        step=int(max(w.reached for w in windows)) if windows else None,
         samples_per_second=round(sum(rates), 1) if rates else None,
         step_time_p50=_round(p50) if p50 is not None else None,
         window_seconds=round((latest.at - recent[0].at).total_seconds(), 1),
         ranks=tuple(ranks),
-        recent_work=recent_work,
+        recent_work={w.progress.rank: w.recent_work for w in windows if w.recent_work is not None},
     )
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddp_trainer import metric_names as names
+from ddpjob_contract import metrics as names
 from ddpjob_operator import progress
 from ddpjob_operator.progress import RankSample, Target
 
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 Point = tuple[float, float]  # (seconds since the first sample, value)
 FIGURES = ("step-time", "phases", "throughput")
+WORK = "data+forward+optimizer"
+"""From the status: what a rank does alone (``status.progress.ranks[].workSeconds``)..."""
+REST = "backward (with the wait for peers)"
+"""...and the rest of its step."""
 
 
 @dataclass
@@ -43,7 +47,14 @@ class ReportData:
     step_time: dict[str, list[Point]] = field(default_factory=dict)
     """Rank -> seconds per step over time."""
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Rank -> phase -> mean seconds per step."""
+    """Rank -> phase -> mean seconds per step (from the status: ``WORK`` and ``REST`` only)."""
+
+    @property
+    def phase_names(self) -> list[str]:
+        """The trainer's phases in their order, or the two parts the status keeps."""
+        seen = {p for by_phase in self.phases.values() for p in by_phase}
+        return [p for p in (*names.PHASES, WORK, REST) if p in seen] or list(names.PHASES)
+
     throughput: list[Point] = field(default_factory=list)
     """Samples per second, all ranks together, over time."""
 
@@ -69,7 +80,7 @@ def figures(data: ReportData) -> dict[str, Figure]:
     ax = phases.add_subplot()
     ranks = sorted(data.phases, key=_rank_order)
     bottom = [0.0] * len(ranks)
-    for phase in names.PHASES:
+    for phase in data.phase_names:
         heights = [data.phases[r].get(phase, 0.0) * 1000 for r in ranks]
         ax.bar([f"rank {r}" for r in ranks], heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
@@ -116,7 +127,7 @@ def summary(data: ReportData, status: Mapping[str, Any]) -> str:
         if c.get("type") in ("StragglerDetected", "Restarting", "Failed") and c.get("status") == "True":
             lines.append(f"  {c['type']}: {c.get('message', '')}")
     for rank in sorted(data.phases, key=_rank_order):
-        parts = ", ".join(f"{p} {data.phases[rank].get(p, 0.0) * 1000:.1f}" for p in names.PHASES)
+        parts = ", ".join(f"{p} {data.phases[rank].get(p, 0.0) * 1000:.1f}" for p in data.phase_names)
         lines.append(f"  rank {rank} ms per step: {parts}")
     if data.throughput:
         values = [v for _, v in data.throughput]
@@ -236,7 +247,7 @@ def from_status(job: str, namespace: str, status: Mapping[str, Any]) -> ReportDa
             data.step_time[rank] = [(0.0, float(r["stepSeconds"]))]
             work = float(r.get("workSeconds") or 0.0)
             # the status keeps only work (data + forward + optimizer) and the whole step
-            data.phases[rank] = {"forward": work, "backward": max(0.0, float(r["stepSeconds"]) - work)}
+            data.phases[rank] = {WORK: work, REST: max(0.0, float(r["stepSeconds"]) - work)}
     if isinstance(prog.get("samplesPerSecond"), int | float):
         data.throughput = [(0.0, float(prog["samplesPerSecond"]))]
     return data
@@ -276,9 +287,9 @@ def report(args: argparse.Namespace) -> list[str]:
         raise ReportError("matplotlib is missing: pip install 'ddpjob[operator]'") from None
     from ddpjob_operator.api import SpecError, parse_job
     from ddpjob_operator.kube import Kube
-    from ddpjob_operator.progress import to_time
-    from ddpjob_operator.reconcile import poll_targets
+    from ddpjob_operator.lifecycle import poll_targets
     from ddpjob_operator.status import observe, parse_status, pod_view
+    from ddpjob_operator.times import to_time
 
     kube = Kube()
     try:

@@ -10,50 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
-from ddpjob_operator import api
-from ddpjob_operator.progress import ProgressStatus, from_time, to_time
-
-
-class Phase(StrEnum):
-    NEW = ""
-    PENDING = "Pending"
-    RENDEZVOUS = "Rendezvous"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-    @property
-    def finished(self) -> bool:
-        return self in (Phase.SUCCEEDED, Phase.FAILED)
-
-
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "StragglerDetected")
-
-# Reasons on conditions and events.
-REASON_CREATED = "Created"
-REASON_PODS_PENDING = "PodsPending"
-REASON_ALL_RUNNING = "AllRanksRunning"
-REASON_ALL_SUCCEEDED = "AllRanksSucceeded"
-REASON_RETRYABLE = "RetryableFailure"
-REASON_NON_RETRYABLE = "NonRetryableFailure"
-REASON_BACKOFF = "BackoffLimitExceeded"
-REASON_DEADLINE = "DeadlineExceeded"
-REASON_INVALID = "InvalidSpec"
-REASON_SUSPENDED = "Suspended"
-REASON_RESUMED = "Resumed"
-REASON_SPEC_CHANGED = "SpecChanged"
-REASON_RECOVERED = "Recovered"
-REASON_TTL = "TTLExpired"
-REASON_RENDEZVOUS = "Rendezvous"
-REASON_NO_PROGRESS = "NoProgress"
-REASON_STRAGGLER = "StragglerDetected"
-REASON_STRAGGLER_RECOVERED = "StragglerRecovered"
-
+from ddpjob_contract.pods import ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
+from ddpjob_contract.status import ConditionType, Phase
+from ddpjob_operator.progress import ProgressStatus
+from ddpjob_operator.times import from_time, to_time
 
 # ---------------------------------------------------------------------------------------------
 # Pods as observed
@@ -123,9 +85,9 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     return PodView(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
-        rank=_label_int(labels, api.LABEL_RANK),
-        attempt=_label_int(labels, api.LABEL_ATTEMPT),
-        spec_hash=str((meta.get("annotations") or {}).get(api.ANNOTATION_SPEC_HASH, "")),
+        rank=_label_int(labels, LABEL_RANK),
+        attempt=_label_int(labels, LABEL_ATTEMPT),
+        spec_hash=str((meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH, "")),
         phase=str(status.get("phase") or "Pending"),
         terminating=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
@@ -270,10 +232,10 @@ class JobStatus:
     conditions: tuple[Condition, ...] = field(default_factory=tuple)
     progress: ProgressStatus | None = None
 
-    def condition(self, type_: str) -> Condition | None:
+    def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
-    def with_condition(self, type_: str, status: bool, reason: str, message: str, now: datetime) -> JobStatus:
+    def with_condition(self, type_: ConditionType, status: bool, reason: str, message: str, now: datetime) -> JobStatus:
         """Set one condition; its transition time moves only when its status flips."""
         old = self.condition(type_)
         if old and old.status == status and old.reason == reason and old.message == message:
@@ -281,7 +243,7 @@ class JobStatus:
         when = old.last_transition_time if old and old.status == status else now
         new = Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=when)
         others = tuple(c for c in self.conditions if c.type != type_)
-        rank = {t: i for i, t in enumerate(CONDITION_TYPES)}
+        rank = {t.value: i for i, t in enumerate(ConditionType)}
         ordered = sorted((*others, new), key=lambda c: rank.get(c.type, len(rank)))
         return replace(self, conditions=tuple(ordered))
 
@@ -346,8 +308,8 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
     )
 
 
-def summarize(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
-    """Copy the observed counts into the status."""
+def with_counts(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
+    """The status with the observed counts of pods (active, succeeded, failed, running, ready)."""
     return replace(
         status,
         active=observation.active,

@@ -12,7 +12,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-Key = tuple[str, str]  # namespace, name
+from ddpjob_operator.api import Key
+
 Reconcile = Callable[[Key], Awaitable[float | None]]
 
 log = logging.getLogger(__name__)

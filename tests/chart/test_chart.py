@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from dashboards import generate
+from ddpjob_contract import metrics as contract_metrics
 from tests.chart.helm import (
     CHART,
     DASHBOARD,
@@ -318,6 +319,14 @@ def test_the_dashboard_and_the_alerts_query_only_metrics_the_project_exports() -
     queried = {name for _, expr in dashboard_queries() + rule_queries() for name in metric_names(expr)}
     assert queried, "no metric found in the queries"
     assert queried - exported == set()
+
+
+def test_every_trainer_metric_the_dashboard_and_the_alerts_query_is_named_in_the_contract() -> None:
+    queried = {name for _, expr in dashboard_queries() + rule_queries() for name in metric_names(expr)}
+    trainers = {name for name in queried if name.startswith("ddp_")}
+    assert trainers, "the queries read the trainer's metrics"
+    suffixes = ("", "_total", "_bucket", "_sum", "_count", "_info")
+    assert {q for q in trainers if not any(q == n + s for n in contract_metrics.ALL for s in suffixes)} == set()
 
 
 def test_the_dockerfile_passes_hadolint_with_nothing_to_report() -> None:

@@ -23,6 +23,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from ddp_trainer.metrics import Metrics, StepTiming
+from ddpjob_contract.pods import ENV_METRICS_PORT, LABEL_JOB_NAME
 from ddpjob_operator import api
 
 T = TypeVar("T")
@@ -183,7 +184,7 @@ class Raw:
     # Pods, services, events
 
     def pods(self, ns: str, job: str | None = None) -> list[dict[str, Any]]:
-        query = [("labelSelector", f"{api.LABEL_JOB_NAME}={job}")] if job else []
+        query = [("labelSelector", f"{LABEL_JOB_NAME}={job}")] if job else []
         return list(self.get(f"/api/v1/namespaces/{ns}/pods", query=query)["items"])
 
     def services(self, ns: str) -> list[dict[str, Any]]:
@@ -208,7 +209,7 @@ class Raw:
         if phase == "Running" and exit_code is None and trainer is not None:
             pod = self.get(f"/api/v1/namespaces/{ns}/pods/{quote(name)}")
             env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-            ip = self.trainers.serve(pod["metadata"]["uid"], int(env[api.ENV_METRICS_PORT]), trainer)
+            ip = self.trainers.serve(pod["metadata"]["uid"], int(env[ENV_METRICS_PORT]), trainer)
         state: dict[str, Any] = {"running": {"startedAt": now}}
         if exit_code is not None:
             state = {"terminated": {"exitCode": exit_code, "startedAt": now, "finishedAt": now}}

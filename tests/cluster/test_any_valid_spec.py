@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from ddpjob_contract.pods import LABEL_JOB_NAME
 from ddpjob_operator import api
 
 from ..unit.test_properties import specs
@@ -42,7 +43,7 @@ def test_hypothesis_generated_valid_specs_reconcile_with_no_operator_error(
     status = raw.status(namespace, name)
     assert status["phase"] in ("Pending", "Suspended") and status["restarts"] == 0
     for pod in raw.pods(namespace, name):
-        assert pod["metadata"]["labels"][api.LABEL_JOB_NAME] == name
+        assert pod["metadata"]["labels"][LABEL_JOB_NAME] == name
     raw.delete(f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}")
 
 

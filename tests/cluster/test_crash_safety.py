@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from ddpjob_box.ports import free_port
-from ddpjob_operator import api, faults
+from ddpjob_contract.pods import LABEL_ATTEMPT
+from ddpjob_operator import faults
 from ddpjob_operator.controller import CREATE_PARALLELISM
 
 from .helpers import Raw, job_body, wait_for
@@ -32,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 def operator_process(
     namespace: str, kubeconfig: str, log: Path, *, faults_spec: str = "", metrics_port: int = 0, liveness: str = ""
 ) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONPATH": str(REPO / "operator")}
+    path = os.pathsep.join([str(REPO / "contract"), str(REPO / "operator")])
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONPATH": path}
     env.pop(faults.ENV, None)
     if faults_spec:
         env[faults.ENV] = faults_spec
@@ -54,7 +56,7 @@ def operator_process(
 
 def pod_uids(raw: Raw, ns: str, name: str) -> dict[str, tuple[str, str]]:
     return {
-        p["metadata"]["name"]: (p["metadata"]["uid"], p["metadata"]["labels"][api.LABEL_ATTEMPT])
+        p["metadata"]["name"]: (p["metadata"]["uid"], p["metadata"]["labels"][LABEL_ATTEMPT])
         for p in raw.pods(ns, name)
         if not p["metadata"].get("deletionTimestamp")
     }

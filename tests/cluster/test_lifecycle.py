@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_RANK
 from ddpjob_operator import api
 
 from .conftest import Operator
@@ -26,7 +27,7 @@ def pods_of_attempt(raw: Raw, ns: str, name: str, attempt: int, count: int) -> A
     def check() -> list[dict[str, Any]] | None:
         pods = raw.pods(ns, name)
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        ok = len(pods) == count and all(p["metadata"]["labels"][api.LABEL_ATTEMPT] == str(attempt) for p in live)
+        ok = len(pods) == count and all(p["metadata"]["labels"][LABEL_ATTEMPT] == str(attempt) for p in live)
         return pods if ok and len(live) == count else None
 
     return check
@@ -54,14 +55,14 @@ def test_a_job_gets_a_headless_service_and_one_pod_per_rank_with_the_rendezvous_
     pods = start(raw, namespace, "bert", 3, nprocPerNode=1, port=23456)
     (svc,) = [s for s in raw.services(namespace) if s["metadata"]["name"] == "bert"]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"][api.LABEL_JOB_NAME] == "bert"
+    assert svc["spec"]["selector"][LABEL_JOB_NAME] == "bert"
     job = raw.job(namespace, "bert")
     assert job is not None
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        rank = int(pod["metadata"]["labels"][api.LABEL_RANK])
+        rank = int(pod["metadata"]["labels"][LABEL_RANK])
         assert pod["metadata"]["name"] == pod["spec"]["hostname"] == f"bert-{rank}"
         assert pod["spec"]["subdomain"] == "bert"
-        assert pod["metadata"]["labels"][api.LABEL_ATTEMPT] == "0"
+        assert pod["metadata"]["labels"][LABEL_ATTEMPT] == "0"
         (owner,) = pod["metadata"]["ownerReferences"]
         assert (owner["uid"], owner["controller"], owner["blockOwnerDeletion"]) == (job["metadata"]["uid"], True, True)
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddpjob_operator import api, podcache
+from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
+from ddpjob_operator import podcache
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
 
@@ -17,9 +18,9 @@ from .helpers import Raw
 
 
 def pod(name: str, job: str, *, managed: bool = True) -> dict[str, Any]:
-    labels = {api.LABEL_JOB_NAME: job}
+    labels = {LABEL_JOB_NAME: job}
     if managed:
-        labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY
+        labels[LABEL_MANAGED_BY] = MANAGED_BY
     container = {"name": "trainer", "image": "registry.example/none:1"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [container]}}  # fmt: skip

@@ -46,7 +46,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without anything a launcher or the trainer would read."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CHECKPOINT_DIR", "METRICS_PORT")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("TRAIN_", "TORCHELASTIC"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "trainer"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "contract"), str(REPO / "trainer"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"  # two ranks share two cores
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

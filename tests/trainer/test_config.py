@@ -18,7 +18,11 @@ def test_every_option_has_a_flag_an_env_variable_and_help() -> None:
     assert len(set(flags)) == len(flags) and len(set(envs)) == len(envs)
     for flag, env, _, help_text in opts:
         assert flag.startswith("--") and help_text
-        assert env.startswith(config.ENV_PREFIX) or env in ("CHECKPOINT_DIR", "METRICS_PORT"), env
+        assert env.startswith(config.ENV_PREFIX) or env in (
+            "CHECKPOINT_DIR",
+            "METRICS_PORT",
+            "TERMINATION_MESSAGE_PATH",
+        ), env
 
 
 def test_the_defaults_form_a_valid_config_with_the_documented_values() -> None:

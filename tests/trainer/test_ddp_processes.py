@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ddp_trainer import data, models
-from ddp_trainer.errors import EXIT_OK
+from ddpjob_contract.exits import EXIT_OK
 
 from .procs import TINY, dumper, explain, processes, run_ranks
 

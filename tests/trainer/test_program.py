@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -12,8 +13,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddp_trainer import metric_names as names
-from ddp_trainer.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
+from ddpjob_contract import metrics as names
+from ddpjob_contract.exits import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
 
 from .procs import TINY, TORCHRUN, clean_env, explain, free_ports, processes, rank_env, run_ranks, trainer
 
@@ -77,6 +78,42 @@ def test_the_same_program_runs_under_torchrun_with_two_processes() -> None:
     assert "step=4/4" in done.stdout
 
 
+def test_a_finished_run_leaves_its_final_numbers_as_one_json_line_at_the_termination_message_path(
+    tmp_path: Path,
+) -> None:
+    message = tmp_path / "termination-log"
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*TINY, "--steps", "5"), clean_env(TERMINATION_MESSAGE_PATH=str(message))))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    lines = message.read_text().splitlines()
+    assert len(lines) == 1, lines
+    summary = json.loads(lines[0])
+    assert summary["step"] == 5
+    assert summary["samples"] == 5 * 4  # every step of this process, batch 4
+    assert 0 < summary["step_seconds_mean"] < 60
+    assert summary["samples_per_second"] == pytest.approx(4 / summary["step_seconds_mean"], rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "resnet5O"], "--model (TRAIN_MODEL): unknown value 'resnet5O'; choose one of"),
+        (["--data", "imagefolder", "--data-dir", "/no/such/dir"], "/no/such/dir"),
+    ],
+    ids=["bad-option", "missing-data"],
+)
+def test_a_permanent_error_leaves_the_line_it_prints_as_the_termination_message(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    message = tmp_path / "termination-log"
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*TINY, *args), clean_env(TERMINATION_MESSAGE_PATH=str(message))))
+    assert done.returncode == EXIT_PERMANENT
+    text = message.read_text().strip()
+    assert expected in text
+    assert done.stderr.strip() == f"ddp_trainer: error: {text}"
+
+
 def scrape(port: int) -> dict[str, float]:
     """Every sample on /metrics as ``name{label=value,...}`` -> value."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -135,6 +172,25 @@ def test_a_lost_peer_makes_the_survivor_exit_with_the_retryable_code(tmp_path: P
     assert done[0].returncode == EXIT_RETRYABLE, explain(done)
     assert "ddp_trainer: retryable:" in done[0].stderr
     assert "Traceback" not in done[0].stderr
+
+
+def test_a_peer_killed_after_its_last_step_makes_the_survivor_retry_at_the_final_barrier_not_abort(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 dies right after its last step, so rank 0 is alone at the collective shutdown: it must not
+    # report the run done (the peer never finished), and it must not die in gloo's teardown.
+    args = trainer(
+        *TINY, "--steps", "4", "--crash-at-step", "4", "--crash-rank", "1", "--pg-timeout-seconds", "60",
+        "--termination-message-path", str(tmp_path / "message-0"),
+    )  # fmt: skip
+    with processes() as procs:
+        done = run_ranks(procs, args)
+    assert done[1].returncode == -9, explain(done)
+    assert done[0].returncode == EXIT_RETRYABLE, explain(done)
+    assert "step=4/4" in done[0].stdout, explain(done)
+    assert "ddp_trainer: retryable:" in done[0].stderr
+    assert "Traceback" not in done[0].stderr and "terminate called" not in done[0].stderr
+    assert (tmp_path / "message-0").read_text().startswith("lost a peer or a collective timed out: ")
 
 
 def test_sigterm_during_a_blocked_collective_exits_with_143_and_leaves_only_complete_checkpoints(

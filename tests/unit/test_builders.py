@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_RANK, MANAGED_BY, RESERVED_ENV
 from ddpjob_operator import api, builders
 
 from .factories import job
@@ -20,7 +21,7 @@ def test_the_service_is_headless_publishes_unready_pods_and_selects_the_job() ->
     assert svc["metadata"]["name"] == "bert"
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {api.LABEL_JOB_NAME: "bert", api.LABEL_MANAGED_BY: api.MANAGED_BY}
+    assert svc["spec"]["selector"] == {LABEL_JOB_NAME: "bert", LABEL_MANAGED_BY: MANAGED_BY}
     assert [p["port"] for p in svc["spec"]["ports"]] == [23456, 9100]
 
 
@@ -38,7 +39,7 @@ def test_a_pod_has_its_rank_identity_and_the_operator_restart_policy() -> None:
     pod = builders.pod(job("train", 3), 2, 5)
     assert pod["metadata"]["name"] == "train-2"
     assert pod["metadata"]["labels"] == {
-        api.LABEL_JOB_NAME: "train", api.LABEL_RANK: "2", api.LABEL_ATTEMPT: "5", api.LABEL_MANAGED_BY: "ddpjob",
+        LABEL_JOB_NAME: "train", LABEL_RANK: "2", LABEL_ATTEMPT: "5", LABEL_MANAGED_BY: "ddpjob",
     }  # fmt: skip
     assert pod["spec"]["hostname"] == "train-2"
     assert pod["spec"]["subdomain"] == "train"
@@ -71,7 +72,7 @@ def test_injected_env_comes_first_so_user_env_can_refer_to_it() -> None:
     ]}}  # fmt: skip
     pod = builders.pod(job(template=template), 0, 0)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names[-1] == "OUT" and names[: len(api.RESERVED_ENV) - 1] == [n for n in SINGLE]
+    assert names[-1] == "OUT" and names[: len(RESERVED_ENV) - 1] == [n for n in SINGLE]
     assert env_of(pod, 1) == {"X": "1"}, "only the first container is the trainer"
 
 
@@ -99,11 +100,11 @@ def test_everything_in_the_template_passes_through() -> None:
 
 def test_template_labels_cannot_override_the_operator_labels() -> None:
     template = {
-        "metadata": {"labels": {api.LABEL_JOB_NAME: "other", api.LABEL_RANK: "9"}},
+        "metadata": {"labels": {LABEL_JOB_NAME: "other", LABEL_RANK: "9"}},
         "spec": {"containers": [{"name": "t", "image": "i"}]},
     }
     labels = builders.pod(job(template=template), 1, 0)["metadata"]["labels"]
-    assert (labels[api.LABEL_JOB_NAME], labels[api.LABEL_RANK]) == ("train", "1")
+    assert (labels[LABEL_JOB_NAME], labels[LABEL_RANK]) == ("train", "1")
 
 
 @pytest.mark.parametrize(

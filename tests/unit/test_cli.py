@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +72,38 @@ def test_progress_polling_is_bounded_by_flags(kopf_run: dict[str, Any]) -> None:
 
 def test_report_is_a_subcommand() -> None:
     assert "report" in cli.COMMANDS
+
+
+def test_the_operator_command_runs_with_neither_the_box_nor_the_trainer_installed() -> None:
+    """As in the operator's image, which deletes ddpjob_box and has no ddp_trainer."""
+    hide = "import sys; sys.modules['ddpjob_box'] = None; sys.modules['ddp_trainer'] = None"
+    run = "from ddpjob_operator.cli import main; sys.exit(main(['operator', '--help']))"
+    done = subprocess.run([sys.executable, "-c", f"{hide}; {run}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--namespace" in done.stdout
+
+
+OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "ddpjob_operator"
+
+
+def _imports(tree: ast.AST, top_level_only: bool) -> Iterator[str]:
+    nodes = ast.iter_child_nodes(tree) if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+        elif top_level_only and isinstance(node, ast.If | ast.Try):  # module-level conditional imports
+            yield from _imports(node, top_level_only=False)
+
+
+@pytest.mark.parametrize("path", sorted(OPERATOR.rglob("*.py")), ids=lambda p: str(p.relative_to(OPERATOR)))
+def test_no_operator_module_imports_the_trainer_or_the_box(path: Path) -> None:
+    """The shared names come from ddpjob_contract; only `ddpjob cluster` loads the box, inside its functions."""
+    tree = ast.parse(path.read_text())
+    anywhere = set(_imports(tree, top_level_only=False))
+    at_import = set(_imports(tree, top_level_only=True))
+    assert not {m for m in anywhere if m.split(".")[0] == "ddp_trainer"}
+    assert not {m for m in at_import if m.split(".")[0] == "ddpjob_box"}
+    if path.name != "cli.py":
+        assert not {m for m in anywhere if m.split(".")[0] == "ddpjob_box"}

@@ -1,20 +1,30 @@
-"""The controller's calls: a cached body saves the GET, pods go out in parallel, and a body not
-known to be current is read again before the reconcile acts on it."""
+"""The controller's calls: a cached body saves the GET, pods go out in parallel, a body not known
+to be current is read again before the reconcile acts on it, and a refused pod fails the job in the
+next plan. Its collaborators are fakes that honour the same Protocols as the real ones."""
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, TypeVar
+
+import pytest
 
 from ddpjob_operator import builders
-from ddpjob_operator.api import parse_job
-from ddpjob_operator.controller import Bodies, reconcile
+from ddpjob_operator.api import Key, parse_job
+from ddpjob_operator.controller import Bodies, Controller
+from ddpjob_operator.kube import KubeError
 from ddpjob_operator.podcache import PodIndex
+from ddpjob_operator.progress import Scrape, Target
 
 from . import factories
 
 KEY = ("ns", "train")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class FakeKube:
@@ -32,7 +42,7 @@ class FakeKube:
             self.calls.append(what)
             self.threads.add(threading.current_thread().name.split("_")[0])
 
-    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._call("GET job")
         return self.job
 
@@ -40,23 +50,78 @@ class FakeKube:
         self._call("LIST pods")
         return []
 
-    def replace_job_status(self, body: dict[str, Any]) -> dict[str, Any]:
+    def replace_job_status(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._call("PUT status")
         rv = str(int(body["metadata"]["resourceVersion"]) + 1)
         self.job = {**body, "metadata": {**body["metadata"], "resourceVersion": rv}}
         return self.job
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         self._call(f"POST {obj['kind']}")
         return {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{obj['metadata']['name']}"}}
 
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        self._call("DELETE pod")
 
-def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get() -> None:
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        self._call("DELETE job")
+
+
+class Inline(Executor):
+    """Runs each task at once in the calling thread: the controller's Events, in order, for the test to read."""
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+class NoPolls:
+    """A poller that has scraped nothing and records what it is told to poll."""
+
+    def __init__(self) -> None:
+        self.tracked: dict[Key, tuple[int, tuple[Target, ...]]] = {}
+
+    def scrapes(self, key: Key) -> Sequence[Scrape]:
+        return ()
+
+    def track(self, key: Key, attempt: int, targets: tuple[Target, ...], interval: float) -> None:
+        self.tracked[key] = (attempt, targets)
+
+
+class FakeCache:
+    """A pod cache that shows ``shown`` for the job (plus the pods created), whatever the apiserver
+    holds; None: not synced yet, so the controller lists the pods itself."""
+
+    def __init__(self, shown: list[dict[str, Any]] | None = None) -> None:
+        self.index = PodIndex()
+        self.shown = shown
+
+    def pods(self, key: Key) -> list[dict[str, Any]] | None:
+        return None if self.shown is None else self.shown + self.index.pods(key)
+
+    def created(self, pod: dict[str, Any]) -> None:
+        self.index.created(pod)
+
+
+@pytest.fixture
+def creates() -> Iterator[Executor]:
+    with ThreadPoolExecutor(8, thread_name_prefix="create") as pool:
+        yield pool
+
+
+def controller(kube: FakeKube, creates: Executor, pods: FakeCache | None = None) -> Controller:
+    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, creates=creates, events=Inline())
+
+
+def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get(
+    creates: Executor,
+) -> None:
     kube = FakeKube(replicas=4)
-    bodies = Bodies()
+    ctl = controller(kube, creates)
+    bodies = ctl.bodies
     bodies.put(KEY, kube.job)
-    with ThreadPoolExecutor(8, thread_name_prefix="create") as creates, ThreadPoolExecutor(1) as events:
-        assert reconcile(kube, *KEY, bodies=bodies, creates=creates, events=events) is not None  # type: ignore[arg-type]
+    assert ctl.reconcile(KEY) is not None
     assert kube.calls[:2] == ["LIST pods", "PUT status"] and "GET job" not in kube.calls
     pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
     assert kube.calls.index("POST Service") < min(pods), "the Service first: a crash never leaves pods without it"
@@ -65,17 +130,18 @@ def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_creat
     assert bodies.get(KEY) is kube.job, "the status write's answer is the newest body"
 
 
-def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_first() -> None:
+def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_first(creates: Executor) -> None:
     kube = FakeKube(replicas=2)
-    bodies = Bodies()
+    ctl = controller(kube, creates)
+    bodies = ctl.bodies
     bodies.put(KEY, kube.job)
-    reconcile(kube, *KEY, bodies=bodies)  # type: ignore[arg-type]
+    ctl.reconcile(KEY)
     kube.calls.clear()
 
-    assert reconcile(kube, *KEY, bodies=bodies) == 0.0  # type: ignore[arg-type]
+    assert ctl.reconcile(KEY) == 0.0
     assert kube.calls == ["LIST pods"], "the pods are missing again, but the cached body may be stale: no creates"
     assert bodies.get(KEY) is None
-    reconcile(kube, *KEY, bodies=bodies)  # type: ignore[arg-type]
+    ctl.reconcile(KEY)
     assert kube.calls[1:3] == ["GET job", "LIST pods"] and kube.calls.count("POST Pod") == 2
 
 
@@ -100,31 +166,23 @@ def test_our_own_write_never_replaces_a_body_the_watch_delivered_meanwhile() -> 
     assert bodies.get(KEY) is newer, "the user's change that came in during the reconcile is kept"
 
 
-class FakeCache:
-    """A synced pod cache that shows ``pods`` for the job, whatever the apiserver holds."""
-
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
-        self.index = PodIndex()
-        self.shown = pods
-
-    def pods(self, key: tuple[str, str]) -> list[dict[str, Any]]:
-        return self.shown + self.index.pods(key)
-
-
 def failed(pod: dict[str, Any], exit_code: int) -> dict[str, Any]:
     terminated = {"exitCode": exit_code, "finishedAt": "2026-11-23T00:00:00Z"}
     status = {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
     return {**pod, "metadata": {**pod["metadata"], "uid": f"uid-{pod['metadata']['name']}"}, "status": status}
 
 
-def test_with_a_pod_cache_a_new_job_needs_no_list_and_its_created_pods_are_in_the_cache_at_once() -> None:
+def test_with_a_synced_pod_cache_a_new_job_needs_no_list_and_its_created_pods_are_in_the_cache_at_once(
+    creates: Executor,
+) -> None:
     kube = FakeKube(replicas=2)
     cache = FakeCache([])
-    reconcile(kube, *KEY, pods=cache)  # type: ignore[arg-type]
+    ctl = controller(kube, creates, cache)
+    ctl.reconcile(KEY)
     assert "LIST pods" not in kube.calls and kube.calls.count("POST Pod") == 2
     assert sorted(p["metadata"]["name"] for p in cache.index.pods(KEY)) == ["train-0", "train-1"]
     kube.calls.clear()
-    reconcile(kube, *KEY, pods=cache)  # type: ignore[arg-type]
+    ctl.reconcile(KEY)
     assert "POST Pod" not in kube.calls, "the pods just created are not created again before the watch shows them"
 
 
@@ -135,13 +193,56 @@ class ListsRunningPods(FakeKube):
         return [{**builders.pod(job, r, 0), "status": {"phase": "Running"}} for r in range(job.spec.replicas)]
 
 
-def test_a_plan_that_would_end_the_job_from_the_cache_alone_is_made_again_from_a_list() -> None:
+def test_a_plan_that_would_end_the_job_from_the_cache_alone_is_made_again_from_a_list(creates: Executor) -> None:
     kube = ListsRunningPods(replicas=2)
-    reconcile(kube, *KEY)  # type: ignore[arg-type]
-    reconcile(kube, *KEY)  # type: ignore[arg-type]  # the ranks run: phase Running
+    cache = FakeCache()
+    ctl = controller(kube, creates, cache)
+    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the ranks run: phase Running
     job = parse_job(kube.job)
-    stale = [failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)]  # a permanent failure
+    cache.shown = [failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)]  # a permanent failure
     kube.calls.clear()
-    reconcile(kube, *KEY, pods=FakeCache(stale))  # type: ignore[arg-type]
+    ctl.reconcile(KEY)
     assert "LIST pods" in kube.calls, "the cache said the job failed: the apiserver is asked before acting"
     assert kube.job["status"]["phase"] != "Failed"
+
+
+class RefusesPods(FakeKube):
+    """An apiserver that refuses every pod with ``status``, as it does an invalid one (422) or over quota (403)."""
+
+    def __init__(self, replicas: int, status: int) -> None:
+        super().__init__(replicas)
+        self.status = status
+        self.events: list[str] = []
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        if obj["kind"] == "Pod":
+            self._call("POST Pod")
+            raise KubeError(self.status, 'Pod "train-0" is invalid: spec.dnsPolicy: Unsupported value: "Sometimes"')
+        if obj["kind"] == "Event":
+            self.events.append(obj["reason"])
+        return super().create(obj)
+
+
+def test_a_pod_refused_as_invalid_fails_the_job_in_the_next_plan_with_one_status_write(creates: Executor) -> None:
+    kube = RefusesPods(replicas=2, status=422)
+    ctl = controller(kube, creates)
+    assert ctl.reconcile(KEY) == 0.0, "look again at once"
+    assert kube.calls.count("PUT status") == 1 and kube.calls.count("GET job") == 1, "no second GET nor write"
+    kube.calls.clear()
+    assert ctl.reconcile(KEY) is None
+    failed = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Failed")
+    assert (kube.job["status"]["phase"], failed["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert "spec.dnsPolicy" in failed["message"] and kube.events[-1] == "InvalidPodTemplate"
+    assert kube.calls.count("PUT status") == 1 and "POST Pod" not in kube.calls
+    kube.calls.clear()
+    ctl.reconcile(KEY)
+    assert "PUT status" not in kube.calls and "POST Pod" not in kube.calls, "failed once, and it stays so"
+
+
+def test_a_pod_refused_for_another_reason_is_reported_and_retried(creates: Executor) -> None:
+    kube = RefusesPods(replicas=2, status=403)
+    ctl = controller(kube, creates)
+    with pytest.raises(KubeError):
+        ctl.reconcile(KEY)
+    assert kube.events[-1] == "PodCreateFailed" and kube.job["status"]["phase"] == "Pending"

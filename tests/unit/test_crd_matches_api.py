@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddpjob_contract.pods import RESERVED_ENV
 from ddpjob_operator import api
 
 CRD = Path(__file__).resolve().parents[2] / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
@@ -49,7 +50,7 @@ def test_the_reserved_env_names_are_the_same_list(schema: dict[str, Any]) -> Non
     for text in (check["rule"], check["messageExpression"]):
         listed = re.search(r"\[('[A-Z_]+'(?:,\s*'[A-Z_]+')*)\]", text)
         assert listed is not None
-        assert tuple(n.strip(" '") for n in listed.group(1).split(",")) == api.RESERVED_ENV
+        assert tuple(n.strip(" '") for n in listed.group(1).split(",")) == RESERVED_ENV
 
 
 def test_the_names_the_operator_adds_are_refused_in_the_template(schema: dict[str, Any]) -> None:
@@ -60,7 +61,8 @@ def test_the_names_the_operator_adds_are_refused_in_the_template(schema: dict[st
 
 
 def test_every_status_field_the_operator_writes_is_in_the_schema(schema: dict[str, Any]) -> None:
-    from ddpjob_operator.status import JobStatus, Phase
+    from ddpjob_contract.status import Phase
+    from ddpjob_operator.status import JobStatus
 
     status = schema["properties"]["status"]["properties"]
     assert set(JobStatus().to_dict()) <= set(status)

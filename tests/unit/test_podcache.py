@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
-from ddpjob_operator import api
-from ddpjob_operator.podcache import PodIndex, slim
+import pytest
+
+from ddpjob_contract.pods import (
+    ANNOTATION_SPEC_HASH,
+    LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_RANK,
+    MANAGED_BY,
+)
+from ddpjob_operator.podcache import PodCache, PodIndex, slim
 from ddpjob_operator.status import pod_view
 
 
 def pod(name: str, uid: str, *, job: str = "train", namespace: str = "ns", phase: str = "Pending") -> dict[str, Any]:
-    labels = {api.LABEL_JOB_NAME: job, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+    labels = {LABEL_JOB_NAME: job, LABEL_MANAGED_BY: MANAGED_BY}
     return {"metadata": {"name": name, "uid": uid, "namespace": namespace, "labels": labels},
             "status": {"phase": phase}}  # fmt: skip
 
@@ -42,7 +54,7 @@ def test_the_late_deletion_of_an_older_pod_does_not_remove_the_newer_pod_of_the_
 def test_a_pod_without_the_job_label_is_ignored() -> None:
     index = PodIndex()
     stray = pod("x", "u")
-    del stray["metadata"]["labels"][api.LABEL_JOB_NAME]
+    del stray["metadata"]["labels"][LABEL_JOB_NAME]
     assert index.apply("ADDED", stray) is None
     assert index.pods(("ns", "train")) == []
 
@@ -67,9 +79,9 @@ def test_a_cluster_wide_list_replaces_everything() -> None:
 
 def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
     whole = pod("train-0", "a", phase="Failed")
-    whole["metadata"] |= {"annotations": {api.ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
+    whole["metadata"] |= {"annotations": {ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
                           "deletionTimestamp": "2026-11-23T00:00:00Z"}  # fmt: skip
-    whole["metadata"]["labels"] |= {api.LABEL_RANK: "0", api.LABEL_ATTEMPT: "2"}
+    whole["metadata"]["labels"] |= {LABEL_RANK: "0", LABEL_ATTEMPT: "2"}
     whole["spec"] = {"nodeName": "node-1", "containers": [{"name": "trainer", "image": "i", "args": ["x"] * 100}]}
     whole["status"] = {
         "phase": "Failed",
@@ -96,3 +108,45 @@ def test_only_changes_that_reconciles_read_concern_the_job() -> None:
     assert index.apply("MODIFIED", unschedulable) is None, "a condition alone changes nothing we read"
     assert index.apply("MODIFIED", pod("train-0", "a", phase="Running")) == ("ns", "train")
     assert index.apply("DELETED", pod("train-0", "a")) == ("ns", "train")
+
+
+class FakePodSource:
+    """The apiserver's pods for the cache: LISTs record their scope; watches wait until the cache stops."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.listed: list[str] = []
+        self.stopped = threading.Event()
+
+    def list_managed_pods(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        self.listed.append(namespace)
+        return [p for p in self.pods if not namespace or p["metadata"]["namespace"] == namespace], "1"
+
+    def watch_managed_pods(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.stopped.wait(seconds)
+        yield from ()
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "listed", "kept"),
+    [
+        (["team-a"], ["team-a"], {"team-a"}),
+        (["team-*"], [""], {"team-a", "team-b"}),
+        (["!kube-system"], [""], {"team-a", "team-b"}),  # Kopf's exclusion: every namespace but that one
+        (["team-a", "kube-*"], [""], {"team-a", "kube-system"}),  # served when any pattern matches, as in Kopf
+        (["*, !team-b"], [""], {"team-a", "kube-system"}),  # Kopf's comma-separated globs in one pattern
+    ],
+)
+def test_the_cache_watches_the_namespaces_kopf_serves(namespaces: list[str], listed: list[str], kept: set[str]) -> None:
+    source = FakePodSource([pod("x-0", ns, job="x", namespace=ns) for ns in ("team-a", "team-b", "kube-system")])
+    cache = PodCache(source, namespaces, lambda key: None)
+    cache.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not cache.synced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(source.listed) == listed
+        assert {ns for ns in ("team-a", "team-b", "kube-system") if cache.pods((ns, "x"))} == kept
+    finally:
+        cache.stop()
+        source.stopped.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import RestartPolicy, RunPolicy
-from ddpjob_operator.policies.restart import decide, is_retryable
+from ddpjob_operator.policies.restart import Verdict, decide, is_retryable, on_no_progress
 from ddpjob_operator.status import Failure
 
 
@@ -70,3 +70,19 @@ def test_decide_restarts_until_the_backoff_limit(
         return
     assert decision is not None
     assert (decision.restart, decision.cause.rank, decision.backoff_exceeded) == (restart, cause_rank, exceeded)
+
+
+@pytest.mark.parametrize(
+    ("policy", "restarts", "limit", "verdict"),
+    [
+        (EXIT_CODE, 0, 3, Verdict.RESTART),
+        (ON_FAILURE, 2, 3, Verdict.RESTART),
+        (EXIT_CODE, 3, 3, Verdict.BACKOFF_EXCEEDED),
+        (ON_FAILURE, 0, 0, Verdict.BACKOFF_EXCEEDED),
+        (NEVER, 0, 3, Verdict.NOT_RETRIED),
+    ],
+)
+def test_no_progress_is_retried_like_a_failure_without_an_exit_code(
+    policy: RestartPolicy, restarts: int, limit: int, verdict: Verdict
+) -> None:
+    assert on_no_progress(RunPolicy(restart_policy=policy, backoff_limit=limit), restarts) is verdict

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ddpjob_contract.status import Phase
 from ddpjob_operator.policies.suspend import Transition, transition
-from ddpjob_operator.status import Phase
 
 
 @pytest.mark.parametrize(

@@ -8,17 +8,17 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import generate_latest
 
 from ddp_trainer.metrics import Metrics
-from ddpjob_operator.controller import reconcile
+from ddpjob_operator.api import Key
+from ddpjob_operator.controller import Controller
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.progress import Target
-from ddpjob_operator.workqueue import Key, WorkQueue
+from ddpjob_operator.workqueue import WorkQueue
 
-from . import factories
+from .test_controller import T0, FakeCache, FakeKube, Inline
 
 KEY = ("ns", "train")
 
@@ -119,36 +119,17 @@ def test_no_more_scrapes_than_the_concurrency_limit_are_in_flight_at_once() -> N
     assert most == 3
 
 
-class FakeKube:
-    """Enough of Kube for a whole reconcile of a job whose one pod runs."""
-
-    def __init__(self) -> None:
-        self.job = factories.body(replicas=1)
-        self.statuses: list[dict[str, Any]] = []
-
-    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.job
-
-    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        return []
-
-    def replace_job_status(self, body: dict[str, Any]) -> None:
-        self.statuses.append(body["status"])
-
-    def create(self, obj: dict[str, Any]) -> bool:
-        return True
-
-
 def test_a_reconcile_runs_to_the_end_while_a_poll_of_the_same_job_waits_on_a_silent_rank() -> None:
     woken: list[Key] = []
 
     async def scenario() -> None:
         poller = Poller(woken.append, timeout=60)  # the poll below would wait a minute
         reconciled = asyncio.Event()
-        kube = FakeKube()
+        kube = FakeKube(replicas=1)
+        controller = Controller(kube, FakeCache(), poller, lambda: T0, creates=Inline(), events=Inline())
 
         async def run_reconcile(key: Key) -> float | None:
-            result = await asyncio.to_thread(reconcile, kube, *key, progress=poller)  # type: ignore[arg-type]
+            result = await asyncio.to_thread(controller.reconcile, key)
             reconciled.set()
             return result
 
@@ -158,7 +139,7 @@ def test_a_reconcile_runs_to_the_end_while_a_poll_of_the_same_job_waits_on_a_sil
             await asyncio.sleep(0.1)  # the poll is now waiting on the silent rank
             queue.enqueue(KEY)
             await asyncio.wait_for(reconciled.wait(), timeout=10)
-            assert kube.statuses[-1]["phase"] == "Pending", "the reconcile planned and wrote its status"
+            assert kube.job["status"]["phase"] == "Pending", "the reconcile planned and wrote its status"
             assert woken == [], "while the poll is still waiting"
         await queue.stop()
         await poller.stop()

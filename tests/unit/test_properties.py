@@ -9,15 +9,17 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddpjob_contract.pods import RESERVED_ENV
+from ddpjob_contract.status import Phase
 from ddpjob_operator import api, builders
 from ddpjob_operator.api import parse_job
-from ddpjob_operator.reconcile import plan
-from ddpjob_operator.status import JobStatus, Phase, PodView, parse_status
+from ddpjob_operator.lifecycle import plan
+from ddpjob_operator.status import JobStatus, PodView, parse_status
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 dns_label = st.from_regex(r"\A[a-z]([-a-z0-9]{0,20}[a-z0-9])?\Z")
-env_name = st.from_regex(r"\A[A-Z][A-Z0-9_]{0,12}\Z").filter(lambda n: n not in api.RESERVED_ENV)
+env_name = st.from_regex(r"\A[A-Z][A-Z0-9_]{0,12}\Z").filter(lambda n: n not in RESERVED_ENV)
 
 
 @st.composite

@@ -71,3 +71,7 @@ def test_without_prometheus_or_endpoints_the_status_still_gives_a_report() -> No
     text = report.summary(got, status)
     assert text.startswith("DDPJob ns/train: Succeeded") and "step 100, 812.5 samples/s, step time p50 39ms" in text
     assert "source: status" in text
+    assert got.phases == {"0": {report.WORK: 0.01, report.REST: pytest.approx(0.03)}}
+    assert "rank 0 ms per step: data+forward+optimizer 10.0, backward (with the wait for peers) 30.0" in text
+    legend = report.figures(got)["phases"].axes[0].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == [report.WORK, report.REST]

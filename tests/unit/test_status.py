@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from ddpjob_operator import api
-from ddpjob_operator.status import JobStatus, Phase, PodView, observe, parse_status, pod_view
+from ddpjob_contract.pods import ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
+from ddpjob_contract.status import Phase
+from ddpjob_operator.status import JobStatus, PodView, observe, parse_status, pod_view
 
 from .factories import job, pod, pods
 
@@ -22,8 +23,8 @@ def raw_pod(phase: str = "Running", *, exit_code: int | None = None, **extra: An
     status: dict[str, Any] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}]}
     status.update(extra.pop("status", {}))
     meta: dict[str, Any] = {
-        "name": "j-1", "uid": "u", "labels": {api.LABEL_RANK: "1", api.LABEL_ATTEMPT: "2"},
-        "annotations": {api.ANNOTATION_SPEC_HASH: "h"},
+        "name": "j-1", "uid": "u", "labels": {LABEL_RANK: "1", LABEL_ATTEMPT: "2"},
+        "annotations": {ANNOTATION_SPEC_HASH: "h"},
     }  # fmt: skip
     meta.update(extra.pop("metadata", {}))
     return {"metadata": meta, "status": status}

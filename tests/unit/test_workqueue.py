@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from ddpjob_operator.workqueue import Key, WorkQueue
+from ddpjob_operator.api import Key
+from ddpjob_operator.workqueue import WorkQueue
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:

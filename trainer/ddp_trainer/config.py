@@ -1,7 +1,8 @@
 """Options: kw-only dataclasses that generate the CLI flags and the env variables.
 
 Every field is an option. Its flag is ``--field-name`` and its env variable ``TRAIN_FIELD_NAME``
-(two fields take the generic names the operator injects: ``CHECKPOINT_DIR`` and ``METRICS_PORT``).
+(three fields take the generic names the operator injects: ``CHECKPOINT_DIR``, ``METRICS_PORT`` and
+``TERMINATION_MESSAGE_PATH``).
 Precedence: flag, then env variable, then the default. Validation lives in ``__post_init__`` so a
 ``Config`` that exists is valid; errors name the flag and the env variable. Torch-free on purpose:
 bad options fail in a fraction of a second, before torch is imported.
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args, get_origin, get_type_hints
 
 from ddp_trainer.errors import ConfigError
+from ddpjob_contract.pods import ENV_CHECKPOINT_DIR, ENV_METRICS_PORT
 
 ENV_PREFIX = "TRAIN_"
+MESSAGE_PATH_ENV = "TERMINATION_MESSAGE_PATH"
 
 ModelName = Literal["resnet50", "resnet18", "tinycnn"]
 DataSource = Literal["synthetic", "imagefolder", "cifar10"]
@@ -187,7 +190,9 @@ class DistConfig(_Section):
 class CheckpointConfig(_Section):
     checkpoint_dir: str = field(
         default="",
-        metadata=doc("Directory for checkpoints; resume from the latest one in it. Empty: none.", env="CHECKPOINT_DIR"),
+        metadata=doc(
+            "Directory for checkpoints; resume from the latest one in it. Empty: none.", env=ENV_CHECKPOINT_DIR
+        ),
     )
     checkpoint_interval: int = field(
         default=0, metadata=doc("Write a checkpoint every this many steps; 0: only at the end.")
@@ -203,7 +208,7 @@ class CheckpointConfig(_Section):
 class ObserveConfig(_Section):
     metrics_port: int = field(
         default=0,
-        metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env="METRICS_PORT"),
+        metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env=ENV_METRICS_PORT),
     )
     metrics_linger_seconds: float = field(
         default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
@@ -214,6 +219,15 @@ class ObserveConfig(_Section):
         metadata=doc(
             "Time each step's phases and export them (histograms, loss, img/s in the log); off: only count "
             "steps, with no clock, CUDA event or loss read per step."
+        ),
+    )
+
+    termination_message_path: str = field(
+        default="",
+        metadata=doc(
+            "At exit, write one line here: the run's JSON summary (final step, samples, mean step time, "
+            "samples/s) on success, the one-line error otherwise; empty: no file.",
+            env=MESSAGE_PATH_ENV,
         ),
     )
 

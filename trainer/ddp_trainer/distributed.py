@@ -67,7 +67,18 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
+    def finish(self) -> None:
+        """Leave the group together: nobody tears gloo or NCCL down while a peer is still in a collective.
+
+        Every rank meets at a last barrier first. A rank that passes it knows every peer finished
+        training too; a peer lost before it raises here, so the run is not reported done.
+        """
+        if self.backend != "none":
+            self.barrier()
+        self.close()
+
     def close(self) -> None:
+        """Destroy the process group (alone, on the error path: the peers may be gone)."""
         if dist.is_initialized():
             dist.destroy_process_group()
 

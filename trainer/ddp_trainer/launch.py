@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_trainer.errors import ConfigError
-
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from ddpjob_contract.pods import ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,26 +41,26 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
 
 def read_launch(environ: Mapping[str, str]) -> Launch:
     """Parse the launcher's variables, or return a single-process Launch when WORLD_SIZE is unset."""
-    if not environ.get("WORLD_SIZE"):
+    if not environ.get(ENV_WORLD_SIZE):
         return Launch()
-    world_size = _int(environ, "WORLD_SIZE")
+    world_size = _int(environ, ENV_WORLD_SIZE)
     if world_size < 1:
         raise ConfigError(f"WORLD_SIZE={world_size} must be at least 1")
-    if not environ.get("MASTER_ADDR"):
+    if not environ.get(ENV_MASTER_ADDR):
         raise ConfigError(
             "WORLD_SIZE is set but MASTER_ADDR is not; set MASTER_ADDR and MASTER_PORT to rank 0's "
             "address, or unset WORLD_SIZE to train in a single process"
         )
-    rank = _int(environ, "RANK")
+    rank = _int(environ, ENV_RANK)
     if not 0 <= rank < world_size:
         raise ConfigError(f"RANK={rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size})")
-    port = _int(environ, "MASTER_PORT")
+    port = _int(environ, ENV_MASTER_PORT)
     if not 0 < port < 65536:
         raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
     return Launch(
         rank=rank,
         world_size=world_size,
-        local_rank=_int(environ, "LOCAL_RANK", 0),
-        master_addr=environ["MASTER_ADDR"],
+        local_rank=_int(environ, ENV_LOCAL_RANK, 0),
+        master_addr=environ[ENV_MASTER_ADDR],
         master_port=port,
     )

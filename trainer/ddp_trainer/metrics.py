@@ -1,7 +1,7 @@
 """Per-iteration timing on a Prometheus endpoint. Torch-free: it records floats it is given.
 
 Histograms and counters only; rates and quantiles are PromQL's job. The names are the
-constants in ``metric_names`` (re-exported here).
+constants in ``ddpjob_contract.metrics`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from ddp_trainer.metric_names import (
+from ddpjob_contract.metrics import (
     ALL,
     INFO,
     LAST_STEP_TIMESTAMP_SECONDS,

@@ -15,15 +15,34 @@ def warmup_steps(n: int) -> int:
     return min(10, n // 10)
 
 
+def _measured(timings: Sequence[StepTiming]) -> tuple[Sequence[StepTiming], float]:
+    """The steps the means cover (warm-up left out), and this rank's samples per second over them."""
+    kept = timings[warmup_steps(len(timings)) :]
+    seconds = sum(t.step_seconds for t in kept)
+    return kept, sum(t.samples for t in kept) / seconds if seconds > 0 else 0.0
+
+
+def exit_summary(steps: int, timings: Sequence[StepTiming]) -> dict[str, float]:
+    """This rank's final numbers, for its termination message: the same means as the summary table.
+
+    ``step`` is the run's final step (a resumed run counts from its checkpoint); ``samples`` are those
+    this process trained on. An untimed run (--no-step-timing) has no mean step time and no rate.
+    """
+    out: dict[str, float] = {"step": steps, "samples": sum(t.samples for t in timings)}
+    if timings and timings[-1].timed:
+        kept, per_rank = _measured(timings)
+        out["step_seconds_mean"] = round(sum(t.step_seconds for t in kept) / len(kept), 6)
+        out["samples_per_second"] = round(per_rank, 3)
+    return out
+
+
 def summary_lines(cfg: Config, world_size: int, backend: str, device: str, timings: Sequence[StepTiming]) -> list[str]:
     if not timings:
         return ["summary: no steps run"]
     if not timings[-1].timed:
         return [f"summary: {len(timings)} steps, not timed (--no-step-timing)"]
-    skip = warmup_steps(len(timings))
-    kept = timings[skip:]
-    seconds = sum(t.step_seconds for t in kept)
-    per_rank = sum(t.samples for t in kept) / seconds if seconds > 0 else 0.0
+    kept, per_rank = _measured(timings)
+    skip = len(timings) - len(kept)
 
     def ms(values: Sequence[float]) -> str:
         return f"{1000 * sum(values) / len(values):.1f}"

@@ -112,9 +112,11 @@ def run(cfg: Config, launch: Launch) -> Result:
         result = _train(cfg, d, metrics)
         if cfg.observe.metrics_linger_seconds and cfg.observe.metrics_port:
             time.sleep(cfg.observe.metrics_linger_seconds)
+        d.finish()
         return result
-    finally:
+    except BaseException:
         d.close()
+        raise
 
 
 @dataclass

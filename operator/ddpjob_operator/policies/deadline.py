@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ddpjob_operator import times
+
 
 def seconds_left(start: datetime | None, deadline_seconds: int | None, now: datetime) -> float | None:
     """None when there is no deadline (none set, or not started); <= 0 once it has passed."""
-    if deadline_seconds is None or start is None:
-        return None
-    return deadline_seconds - (now - start).total_seconds()
+    return times.seconds_left(start, deadline_seconds, now)
 
 
 def exceeded(start: datetime | None, deadline_seconds: int | None, now: datetime) -> bool:

@@ -1,4 +1,4 @@
-"""Which failures restart the gang, and when the restarts run out.
+"""Which failures restart the gang, and when the restarts run out; the same for a job that makes no progress.
 
 ``Never`` retries nothing; ``OnFailure`` retries every failure; ``ExitCode`` retries exit codes
 >= 128 (signals, and the trainer's 200 for a lost peer), codes in ``retryableExitCodes``, and
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
+from ddpjob_contract.exits import SIGNAL_EXIT_BASE
 from ddpjob_operator.api import RestartPolicy, RunPolicy
 from ddpjob_operator.status import Failure, sorted_failures
-
-SIGNAL_EXIT_BASE = 128
 
 
 def is_retryable(failure: Failure, policy: RunPolicy) -> bool:
@@ -45,3 +45,19 @@ def decide(failures: Sequence[Failure], policy: RunPolicy, restarts: int) -> Dec
     if restarts >= policy.backoff_limit:
         return Decision(restart=False, cause=ordered[0], backoff_exceeded=True)
     return Decision(restart=True, cause=ordered[0])
+
+
+class Verdict(Enum):
+    RESTART = "restart"
+    NOT_RETRIED = "not retried"
+    """Under restartPolicy Never."""
+    BACKOFF_EXCEEDED = "backoff exceeded"
+
+
+def on_no_progress(policy: RunPolicy, restarts: int) -> Verdict:
+    """A job past its progress deadline (NoProgress): retried like a failure without an exit code."""
+    if policy.restart_policy is RestartPolicy.NEVER:
+        return Verdict.NOT_RETRIED
+    if restarts >= policy.backoff_limit:
+        return Verdict.BACKOFF_EXCEEDED
+    return Verdict.RESTART

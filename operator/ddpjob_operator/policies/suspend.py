@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from ddpjob_operator.status import Phase
+from ddpjob_contract.status import Phase
 
 
 class Transition(Enum):

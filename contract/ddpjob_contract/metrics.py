@@ -1,4 +1,5 @@
-"""Prometheus metric names every rank exports. Torch-free, so the operator and dashboards can import them.
+"""Prometheus metric names every rank exports, and their labels: the trainer writes them; the operator,
+the dashboards and the chart's rules read them.
 
 No metric carries a rank label: Prometheus adds the pod's labels when it scrapes.
 """

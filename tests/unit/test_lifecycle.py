@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
+from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import RankSample, Scrape
-from ddpjob_operator.reconcile import RESYNC_SECONDS, Plan, plan, plan_invalid
-from ddpjob_operator.status import JobStatus, Phase, PodView
+from ddpjob_operator.status import JobStatus, PodView
 
 from .factories import job, pod
 
@@ -433,6 +434,21 @@ def test_a_rank_slower_than_factor_times_the_others_for_the_window_is_flagged_an
     status, reason, message = c.condition("StragglerDetected")
     assert (status, reason) == (False, "StragglerRecovered") and message.startswith("rank 1 (pod train-1")
     assert c.events[-1] == "StragglerRecovered"
+
+
+def test_the_recovered_straggler_is_named_from_the_status_data_not_from_the_flagged_message() -> None:
+    c = running(2, straggler={"factor": 3, "windowSeconds": 10})
+    train(c, 5, 10)
+    train(c, 5, 10, {1: 0.3})
+    train(c, 10, 10, {1: 0.3})
+    flagged = c.status.condition(ConditionType.STRAGGLER_DETECTED)
+    assert flagged is not None and flagged.status
+    c.status = replace(c.status, conditions=tuple(replace(x, message="reworded") if x is flagged else x
+                                                  for x in c.status.conditions))  # fmt: skip
+    train(c, 5, 10)
+    status, reason, message = c.condition("StragglerDetected")
+    assert (status, reason) == (False, "StragglerRecovered")
+    assert message.startswith("rank 1 (pod train-1 on node node-a) recovered: every rank works within 3x")
 
 
 def test_a_poll_where_the_slow_rank_does_not_answer_neither_flags_nor_clears_it() -> None:

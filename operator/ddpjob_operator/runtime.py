@@ -1,0 +1,94 @@
+"""The operator's long-lived parts, made once at startup and stopped at cleanup.
+
+A job's worker (``WorkQueue``) runs the ``Controller``'s reconcile in a thread. Three things wake
+it: Kopf's events for the job, the pod cache's watch (a pod of the job changed), and the poller
+(a new scrape of the job's ranks). Every part is made in ``__init__``, before anything can wake a
+worker: the watch threads start in ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from ddpjob_operator import metrics
+from ddpjob_operator.api import Key
+from ddpjob_operator.controller import Controller
+from ddpjob_operator.kube import Kube
+from ddpjob_operator.podcache import PodCache
+from ddpjob_operator.poller import Poller
+from ddpjob_operator.workqueue import WorkQueue
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Runtime:
+    """``namespaces``: the operator's (empty: all); ``workers``: reconciles in flight at once."""
+
+    def __init__(
+        self,
+        namespaces: Sequence[str],
+        *,
+        workers: int = 16,
+        progress_interval: float = 15.0,
+        progress_timeout: float = 2.0,
+        progress_concurrency: int = 32,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
+        self._reconciles = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
+        creates = ThreadPoolExecutor(2 * workers, thread_name_prefix="create")
+        events = ThreadPoolExecutor(max(2, workers // 4), thread_name_prefix="event")
+        self._pools = (self._reconciles, creates, events)
+        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
+        self.queue = WorkQueue(self._reconcile)
+        self.served: set[Key] = set()
+        """Jobs Kopf delivered, so in a namespace we serve: only they are woken by their pods."""
+        self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
+                             concurrency=progress_concurrency)  # fmt: skip
+        self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
+        self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events)
+
+    def start(self) -> None:
+        self.pods.start()
+
+    async def stop(self) -> None:
+        self.pods.stop()
+        await self.poller.stop()  # first: each poll wakes a worker
+        await self.queue.stop()
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.kube.close()
+
+    def job_event(self, key: Key, kind: str | None, body: Mapping[str, Any] | None) -> None:
+        """Kopf's watch event for a DDPJob: its body saves the reconcile a GET."""
+        if kind == "DELETED":
+            self.controller.bodies.drop(key)
+            self.served.discard(key)
+        else:
+            self.served.add(key)
+            # The echo of our own status write brings nothing new: the reconcile that wrote it has
+            # already said when to look again.
+            if isinstance(body, dict) and not self.controller.bodies.put(key, body):
+                return
+        self.queue.enqueue(key)
+
+    async def _reconcile(self, key: Key) -> float | None:
+        try:
+            return await self._loop.run_in_executor(self._reconciles, self.controller.reconcile, key)
+        except Exception:
+            metrics.RECONCILE_ERRORS.inc()
+            raise  # the work queue logs it and retries with backoff
+
+    def _pods_changed(self, key: Key) -> None:
+        """From the cache's watch threads: wake the job's worker, on the event loop."""
+        self._loop.call_soon_threadsafe(self._wake, key)
+
+    def _wake(self, key: Key) -> None:
+        if key in self.served:
+            self.queue.enqueue(key)

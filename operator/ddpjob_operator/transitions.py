@@ -1,0 +1,200 @@
+"""Pure: the changes a plan can make to a job's lifecycle, and ``apply``, the one place that makes them.
+
+A policy (``lifecycle.POLICIES``) returns at most one transition; ``apply`` turns it into the new
+phase, conditions and Events. Nothing else sets a phase or a condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ddpjob_contract.status import ConditionType, Phase, Reason
+from ddpjob_operator.events import Event
+from ddpjob_operator.status import JobStatus
+
+
+@dataclass(frozen=True)
+class Create:
+    """A job seen for the first time: Pending (its clock starts unless it is created suspended)."""
+
+    replicas: int
+    nproc_per_node: int
+    world_size: int
+    master: str
+    """host:port of rank 0."""
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Succeeded or Failed, for good."""
+
+    succeeded: bool
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The next attempt, counted as a restart (a retryable failure, or no progress)."""
+
+    reason: Reason
+    cause: str
+    backoff_limit: int
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """The next attempt, not counted as a restart: the pods were built from an older spec."""
+
+
+@dataclass(frozen=True)
+class Suspend:
+    pass
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A new attempt, with the deadline's clock started afresh."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Every pod of the attempt exists: a rank missing from now on was deleted."""
+
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Every rank runs, but only ``joined`` of ``world_size`` processes have joined the process group."""
+
+    joined: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """Every rank joined the process group and runs."""
+
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """No rank has started yet."""
+
+
+@dataclass(frozen=True)
+class FlagStraggler:
+    """``rank`` has stayed the straggler candidate since ``since``, for the whole window; seen at ``at``."""
+
+    rank: int
+    message: str
+    since: datetime
+    at: datetime
+
+
+@dataclass(frozen=True)
+class StragglerRecovered:
+    """The flagged rank (flagged at ``flagged_since``) works within the factor again; seen at ``at``."""
+
+    message: str
+    flagged_since: datetime | None
+    at: datetime
+
+
+Transition = (
+    Create | Finish | Restart | Rebuild | Suspend | Resume | Launch | Rendezvous | Run | Wait | FlagStraggler
+    | StragglerRecovered
+)  # fmt: skip
+
+
+def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[JobStatus, tuple[Event, ...]]:
+    """The status after ``transition``, and the Events that tell of it."""
+    match transition:
+        case Create(suspended=suspended):
+            message = (f"{transition.replicas} pods x {transition.nproc_per_node} processes "
+                       f"(world size {transition.world_size}), master {transition.master}")  # fmt: skip
+            status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
+            return status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now), (
+                Event(Reason.CREATED, message),
+            )
+        case Finish():
+            return _finish(status, transition, now), (Event(transition.reason, transition.message,
+                                                            warning=not transition.succeeded),)  # fmt: skip
+        case Restart(reason=reason, cause=cause, backoff_limit=limit):
+            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
+            message = f"{cause}; restarting the gang as attempt {status.attempt} (restart {status.restarts} of {limit})"
+            status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
+            return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
+        case Rebuild():
+            status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
+            message = f"the pods were built from an older spec; starting attempt {status.attempt}"
+            return status, (Event(Reason.SPEC_CHANGED, message),)
+        case Suspend():
+            message = f"attempt {status.attempt} stopped: pods deleted; clear spec.runPolicy.suspend to resume"
+            status = replace(status, phase=Phase.SUSPENDED, start_time=None)
+            status = status.with_condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message, now)
+            return _not_running(status, Reason.SUSPENDED, message, now), (Event(Reason.SUSPENDED, message),)
+        case Resume():
+            status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1, start_time=now)
+            message = f"resumed as attempt {status.attempt}"
+            status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
+            return status, (Event(Reason.RESUMED, message),)
+        case _:
+            return _within_attempt(status, transition, now)
+
+
+def _within_attempt(status: JobStatus, transition: Transition, now: datetime) -> tuple[JobStatus, tuple[Event, ...]]:
+    match transition:
+        case Launch(replicas=replicas):
+            phase = Phase.PENDING if status.phase is Phase.RESTARTING else status.phase
+            status = replace(status, launched_attempt=status.attempt, phase=phase)
+            return status, (Event(Reason.LAUNCHED, f"all {replicas} pods of attempt {status.attempt} exist"),)
+        case Rendezvous(joined=joined, world_size=world_size):
+            message = f"{joined} of {world_size} ranks joined the process group"
+            return _not_running(replace(status, phase=Phase.RENDEZVOUS), Reason.RENDEZVOUS, message, now), ()
+        case Run(replicas=replicas):
+            message = f"all {replicas} ranks are running (attempt {status.attempt})"
+            status = replace(status, phase=Phase.RUNNING)
+            status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
+            restarting = status.condition(ConditionType.RESTARTING)
+            if restarting and restarting.status:
+                status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
+            return status, (Event(Reason.ALL_RUNNING, message),)
+        case Wait():
+            status = replace(status, phase=Phase.PENDING)
+            if status.condition(ConditionType.RUNNING) is None:
+                status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
+            return status, ()
+        case FlagStraggler(rank=rank, message=message, since=since, at=at):
+            status = status.with_condition(ConditionType.STRAGGLER_DETECTED, True, Reason.STRAGGLER, message, at)
+            key = f"{rank}.{int(since.timestamp())}"
+            return status, (Event(Reason.STRAGGLER, message, warning=True, key=key),)
+        case StragglerRecovered(message=message, flagged_since=flagged, at=at):
+            reason = Reason.STRAGGLER_RECOVERED
+            status = status.with_condition(ConditionType.STRAGGLER_DETECTED, False, reason, message, at)
+            return status, (Event(reason, message, key=str(int(flagged.timestamp()) if flagged else 0)),)
+    raise AssertionError(f"unknown transition {transition!r}")
+
+
+def _not_running(status: JobStatus, reason: str, message: str, now: datetime) -> JobStatus:
+    return status.with_condition(ConditionType.RUNNING, False, reason, message, now)
+
+
+def _finish(status: JobStatus, finish: Finish, now: datetime) -> JobStatus:
+    reason, message = finish.reason, finish.message
+    status = replace(status, phase=Phase.SUCCEEDED if finish.succeeded else Phase.FAILED, completion_time=now)
+    outcome = ConditionType.SUCCEEDED if finish.succeeded else ConditionType.FAILED
+    status = _not_running(status.with_condition(outcome, True, reason, message, now), reason, message, now)
+    restarting = status.condition(ConditionType.RESTARTING)
+    if restarting and restarting.status:
+        status = status.with_condition(ConditionType.RESTARTING, False, reason, message, now)
+    flagged = status.condition(ConditionType.STRAGGLER_DETECTED)
+    if flagged and flagged.status:
+        status = status.with_condition(
+            ConditionType.STRAGGLER_DETECTED, False, Reason.STRAGGLER_RECOVERED, "the job finished", now
+        )
+    return status
