@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from ddpjob_box import images
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.node import KubeletNode
-from ddpjob_box.node.network import pick_subnet
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl
 
@@ -51,31 +49,16 @@ def node(cluster: Cluster) -> Iterator[KubeletNode]:
     if os.geteuid() != 0:
         pytest.skip("a kubelet node needs root")
     box = cluster.box
-    try:
-        base, pause = images.ensure_base(), images.ensure_pause()
-    except BoxError as err:
-        pytest.fail(f"the node's images could not be built: {err}", pytrace=False)
-    node = KubeletNode(
-        plane=box.plane,
-        directory=box.data_dir / "kubenode",
-        name=f"kubenode-{box.box_id}",
-        bridge=f"kn{box.box_id}",
-        subnet=pick_subnet(int(box.box_id, 16) % 256 + 128),
-        sandbox_image=pause,
-        importer=images.import_into_containerd,
-        images=[base],
-        taints=(TAINT,),
-    )
     started = time.monotonic()
     try:
-        node.start()
+        node = box.start_kubelet_node(taints=(TAINT,))
     except BoxError as err:
         pytest.fail(f"the kubelet node did not start: {err}", pytrace=False)
     print(f"kubelet node Ready {time.monotonic() - started:.1f}s after start")
     try:
         yield node
     finally:
-        node.stop()
+        box.stop_kubelet_node()
 
 
 @pytest.fixture(scope="module")
