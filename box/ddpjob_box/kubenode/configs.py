@@ -163,6 +163,8 @@ class KubeletSettings:
     serving_cert: Path
     serving_key: Path
     cluster_dns: str
+    # The node's own cgroup root (kubepods goes under it), so two kubelets on one host never share pods' cgroups
+    cgroup_root: str = "/"
     # NoSchedule taint keys the node registers with, so only pods that tolerate them land there
     taints: tuple[str, ...] = ()
 
@@ -188,6 +190,7 @@ def kubelet_configuration(layout: NodeLayout, s: KubeletSettings) -> dict[str, A
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": s.cgroup_root,
         "failSwapOn": False,
         "failCgroupV1": False,
         # The default (-999) needs CAP_SYS_RESOURCE, which root lacks here.

@@ -57,7 +57,8 @@ SHIM_ROOT = "/run/containerd"
 CONTAINERD_NETNS = "cni-"
 CHAIN_PREFIXES = ("KUBE-", "CNI-")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_PREFIX = "kubepods"
+# kubelet's default cgroup root puts pods under /kubepods; the box gives each node its own root instead.
+CGROUP_PREFIXES = ("kubepods", "ddpjob-kubelet-")
 IPTABLES = ("iptables", "ip6tables")
 TABLES = ("filter", "nat", "mangle")
 
@@ -67,7 +68,8 @@ class HostState:
     sysctls: dict[str, str]
     # "iptables/nat" -> the KUBE-*/CNI-* chains in it
     chains: dict[str, list[str]]
-    # cgroup paths under a kubepods* top-level directory, per hierarchy ("memory/kubepods/burstable")
+    # cgroup paths under a kubepods* or ddpjob-kubelet-* top-level directory, per hierarchy
+    # ("memory/ddpjob-kubelet-box/kubepods/burstable")
     cgroups: list[str]
     # every file and directory under each watched dir; None when the dir is absent
     files: dict[str, list[str] | None]
@@ -124,8 +126,10 @@ def restore(before: HostState, data_dir: Path, bridge: str) -> list[str]:
         if subprocess.run(["umount", mount], capture_output=True).returncode != 0:
             # busy (a process we did not see go yet): detach it, the kernel frees it when the last user goes
             subprocess.run(["umount", "--lazy", mount], capture_output=True)
-    for name in sorted(set(now.interfaces) - set(before.interfaces)):
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
+    # Only this node's: the pairs on its bridge (a pinned netns keeps them), then the bridge itself.
+    for name in sorted(set(now.interfaces) - set(before.interfaces), key=lambda n: n == bridge):
+        if name == bridge or _master(name) == bridge:
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
     failures += _remove_cgroups(sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True))
     for table, chains in now.chains.items():
         new = set(chains) - set(before.chains.get(table, []))
@@ -223,17 +227,21 @@ def _delete_chains(table_key: str, chains: set[str]) -> list[str]:
     return failures
 
 
+def hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy: the v1 controllers, systemd's and the unified one (hybrid mode)."""
+    if not CGROUP_ROOT.is_dir():
+        return []
+    # cgroup v1 may name co-mounted hierarchies twice (cpu -> cpu,cpuacct); the link adds nothing
+    return sorted(h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink())
+
+
 def pod_cgroups() -> list[str]:
     found: list[str] = []
-    if not CGROUP_ROOT.is_dir():
-        return found
-    for hierarchy in sorted(CGROUP_ROOT.iterdir()):
-        # cgroup v1 names co-mounted hierarchies twice (cpu -> cpu,cpuacct); the link adds nothing
-        if hierarchy.is_symlink() or not hierarchy.is_dir():
-            continue
-        for top in hierarchy.glob(f"{CGROUP_PREFIX}*"):
-            for dirpath, _, _ in os.walk(top):
-                found.append(str(Path(dirpath).relative_to(CGROUP_ROOT)))
+    for hierarchy in hierarchies():
+        for prefix in CGROUP_PREFIXES:
+            for top in hierarchy.glob(f"{prefix}*"):
+                for dirpath, _, _ in os.walk(top):
+                    found.append(str(Path(dirpath).relative_to(CGROUP_ROOT)))
     return sorted(found)
 
 
@@ -283,6 +291,13 @@ def _mounts(data_dir: Path) -> list[str]:
         if any(point == root or point.startswith(root + "/") for root in roots) and _ours(point):
             found.append(point)
     return sorted(found)
+
+
+def _master(interface: str) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/sys/class/net/{interface}/master"))
+    except OSError:
+        return ""
 
 
 def _interfaces(bridge: str) -> list[str]:

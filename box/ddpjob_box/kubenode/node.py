@@ -84,6 +84,10 @@ class KubeletNode:
         return NodeLayout(self.directory)
 
     @property
+    def cgroup_root(self) -> str:
+        return f"/{hoststate.CGROUP_PREFIXES[1]}{self.name}"
+
+    @property
     def gateway(self) -> str:
         return str(self.subnet.network_address + 1)
 
@@ -185,11 +189,15 @@ class KubeletNode:
             serving_cert=pki / f"{cert}.crt",
             serving_key=pki / f"{cert}.key",
             cluster_dns=self.gateway if self.with_dns else CLUSTER_DNS,
+            cgroup_root=self.cgroup_root,
             taints=self.taints,
         )
         layout.kubelet_config.write_text(to_json(kubelet_configuration(layout, settings)))
         for path in (layout.kubelet_root, layout.pod_logs, layout.volume_plugins):
             path.mkdir(parents=True, exist_ok=True)
+        # kubelet refuses a cgroup root that does not exist in every hierarchy it uses
+        for hierarchy in hoststate.hierarchies():
+            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
         self.kubelet = Component(
             "kubelet",
             [
