@@ -1,0 +1,153 @@
+"""Two kubelets on one machine: two nodes, each with its own containerd, bridge, /24 and cgroup root.
+
+A pod on one node reaches a pod on the other by its DNS name through the
+host's routing between the bridges, as ranks on two nodes would rendezvous.
+The second node runs no kube-proxy: Service rules are host-wide iptables, and
+two proxies would rewrite each other's chains. Nodes stop in reverse order,
+each putting the host back as it found it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from ddpjob_box import images
+from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode import hoststate
+from ddpjob_box.kubenode.node import KubeletNode
+from ddpjob_box.node.network import pick_subnet
+from tests.conftest import Cluster
+from tests.e2e.conftest import Kubectl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
+
+TAINT = "ddpjob.dev/kubelet-two-nodes-test"
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: Cluster) -> Iterator[tuple[KubeletNode, KubeletNode]]:
+    if cluster.box is None or cluster.box.plane is None or os.geteuid() != 0:
+        pytest.skip("needs the box's control plane and root")
+    box = cluster.box
+    assert box.plane is not None
+    second: KubeletNode | None = None
+    try:
+        first = box.start_kubelet_node(taints=(TAINT,))
+        second = KubeletNode(
+            plane=box.plane,
+            directory=box.data_dir / "kubenode-b",
+            name=f"{first.name}-b",
+            bridge=f"kb{box.box_id}",
+            subnet=pick_subnet(int(box.box_id, 16) % 256 + 64),
+            sandbox_image=images.ensure_pause(),
+            importer=images.import_into_containerd,
+            images=first.images,
+            taints=(TAINT,),
+            with_proxy=False,
+        )
+        second.start()
+    except BoxError as err:
+        if second:
+            second.stop()
+        box.stop_kubelet_node()
+        pytest.fail(f"a kubelet node did not start: {err}", pytrace=False)
+    try:
+        yield first, second
+    finally:
+        second.stop()
+        box.stop_kubelet_node()
+
+
+def _pod(name: str, node: KubeletNode, script: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "pair"}},
+        "spec": {
+            "hostname": name,
+            "subdomain": "pair",
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": node.images[0],
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", script],
+                }
+            ],
+        },
+    }
+
+
+SERVER = """
+import socket
+server = socket.create_server(("", 7000))
+conn, peer = server.accept()
+conn.sendall(socket.gethostname().encode())
+print("served", peer[0])
+"""
+
+CLIENT = """
+import socket, time
+for _ in range(300):
+    try:
+        print("got", socket.create_connection(("pair-0.pair", 7000), timeout=2).recv(100).decode())
+        break
+    except OSError:
+        time.sleep(0.2)
+"""
+
+
+def _finished(core: client.CoreV1Api, namespace: str, name: str) -> Any:
+    deadline = time.monotonic() + 120
+    while (pod := core.read_namespaced_pod(name, namespace)).status.phase not in ("Succeeded", "Failed"):
+        if time.monotonic() > deadline:
+            pytest.fail(f"pod {name} is still {pod.status.phase} after 120s", pytrace=False)
+        time.sleep(0.2)
+    return pod
+
+
+def test_a_pod_on_one_node_reaches_a_pod_on_the_other_by_its_dns_name(
+    nodes: tuple[KubeletNode, KubeletNode], api_client: Any, namespace: str, kubectl: Kubectl
+) -> None:
+    first, second = nodes
+    core = client.CoreV1Api(api_client)
+    service = {"metadata": {"name": "pair"}, "spec": {"clusterIP": "None", "selector": {"app": "pair"}}}
+    core.create_namespaced_service(namespace, service)
+    core.create_namespaced_pod(namespace, _pod("pair-0", first, SERVER))
+    core.create_namespaced_pod(namespace, _pod("pair-1", second, CLIENT))
+
+    server, peer = _finished(core, namespace, "pair-0"), _finished(core, namespace, "pair-1")
+
+    assert (server.spec.node_name, peer.spec.node_name) == (first.name, second.name)
+    assert ipaddress.ip_address(server.status.pod_ip) in first.subnet
+    assert ipaddress.ip_address(peer.status.pod_ip) in second.subnet
+    assert kubectl("logs", "-n", namespace, "pair-1").stdout.split() == ["got", "pair-0"]
+    # No NAT between the nodes: the server sees the client's own pod IP, as a collective's peers must.
+    assert kubectl("logs", "-n", namespace, "pair-0").stdout.split() == ["served", peer.status.pod_ip]
+
+
+def test_stopping_both_nodes_in_reverse_order_leaves_the_host_as_found(
+    nodes: tuple[KubeletNode, KubeletNode], cluster: Cluster
+) -> None:
+    first, second = nodes
+    before = first.before
+    assert before is not None and cluster.box is not None
+    second.stop()
+    cluster.box.stop_kubelet_node()
+    assert (first.leftovers, second.leftovers) == ([], [])
+    for node in (first, second):
+        assert hoststate.compare(before, hoststate.snapshot(node.directory, node.bridge)) == []
+
+
+@pytest.fixture(scope="module")
+def kubectl(cluster: Cluster) -> Kubectl:
+    return Kubectl(cluster.kubeconfig)
