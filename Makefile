@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The Go toolchain's usual home, for shells that do not have it on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: setup venv tools system-packages test lint demo bench clean-venv
+.PHONY: setup venv tools system-packages images test lint demo bench clean-venv
 
 setup: venv system-packages tools
 
@@ -43,6 +43,12 @@ system-packages:
 
 tools: venv
 	$(PY) -m ddpjob_box.toolchain
+
+# The base, pause, operator and trainer images, built with buildah and cached by their inputs (see
+# box/ddpjob_box/images.py); CONTAINERD_SOCKET=/path/to.sock also imports them into that containerd.
+CONTAINERD_SOCKET ?=
+images: venv system-packages
+	$(PY) -m ddpjob_box.images $(if $(CONTAINERD_SOCKET),--containerd-socket $(CONTAINERD_SOCKET))
 
 lint: venv
 	$(VENV)/bin/ruff check .

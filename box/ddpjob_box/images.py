@@ -20,8 +20,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ddpjob_box.errors import BoxError
 from ddpjob_box.toolchain import cache_dir
@@ -66,8 +69,15 @@ def buildah_argv(*args: str) -> list[str]:
     ]
 
 
+def buildah_env() -> dict[str, str]:
+    """buildah's temporary files (push staging, cache mounts) under the box's cache, not /var/tmp."""
+    tmp = images_dir() / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp))
+
+
 def _run(argv: Sequence[str], what: str, *, cwd: Path | None = None) -> str:
-    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False, env=buildah_env())
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
         last = lines[-1].strip() if lines else f"exit status {proc.returncode}"
@@ -90,6 +100,12 @@ def image_id(name: str) -> str | None:
     if proc.returncode != 0:
         return None
     return proc.stdout.strip() or None
+
+
+def image_entrypoint(name: str) -> list[str]:
+    """The entrypoint a local image declares."""
+    config = json.loads(buildah("inspect", "--type", "image", name, what=f"inspecting {name}"))
+    return [str(part) for part in config["OCIv1"]["config"].get("Entrypoint") or []]
 
 
 def input_key(*parts: object) -> str:
@@ -189,31 +205,230 @@ def ensure_pause(*, quiet: bool = False) -> str:
     return name
 
 
-def export_archive(name: str) -> Path:
-    """An OCI archive of a local image, written once per image ID under the cache."""
+def export_archive(name: str, *, compress: bool = False) -> tuple[Path, str]:
+    """An OCI archive of a local image and its manifest digest, written once per image ID under the cache.
+
+    Uncompressed by default: gzip on 2 cores costs minutes for the trainer's torch layer, and the archive
+    only crosses the local disk (see ``make images`` timings in the commit that chose it).
+    """
     ident = image_id(name)
     if ident is None:
         raise BoxError(f"image {name} is not in the box's storage; build it first (make images)")
     archives = images_dir() / "archives"
     archives.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-    archive = archives / f"{safe}-{ident[:16]}.tar"
-    if archive.exists():
-        return archive
-    for stale in archives.glob(f"{safe}-*.tar"):
+    stem = f"{safe}-{ident[:16]}{'' if compress else '-raw'}"
+    archive, digest_file = archives / f"{stem}.tar", archives / f"{stem}.digest"
+    if archive.exists() and digest_file.exists():
+        return archive, digest_file.read_text().strip()
+    for stale in archives.glob(f"{safe}-*"):
         stale.unlink()
     partial = archive.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    buildah("push", "--quiet", name, f"oci-archive:{partial}:{name}", what=f"exporting {name}")
+    argv = ["push", "--quiet", "--digestfile", str(digest_file)]
+    if not compress:
+        argv.append("--disable-compression")
+    buildah(*argv, name, f"oci-archive:{partial}:{name}", what=f"exporting {name}")
     partial.rename(archive)
-    return archive
+    return archive, digest_file.read_text().strip()
 
 
-def import_into_containerd(name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE) -> None:
-    """Bring a local image into the containerd listening on ``socket``, under its own name."""
-    archive = export_archive(name)
+def containerd_digest(name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE) -> str | None:
+    """The manifest digest containerd holds under ``name``, or None."""
+    ctr = _tool("ctr", "containerd")
+    out = _run(
+        [ctr, "--address", str(socket), "-n", namespace, "images", "ls", f"name=={name}"],
+        f"listing images in containerd at {socket}",
+    )
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] == name:
+            return fields[2]
+    return None
+
+
+def import_into_containerd(
+    name: str, socket: Path, namespace: str = CONTAINERD_NAMESPACE, *, compress: bool = False
+) -> bool:
+    """Bring a local image into the containerd listening on ``socket``, under its own name.
+
+    Returns False when containerd already held that very image, so nothing was imported.
+    """
+    archive, digest = export_archive(name, compress=compress)
+    if containerd_digest(name, socket, namespace) == digest:
+        return False
     ctr = _tool("ctr", "containerd")
     _run(
         [ctr, "--address", str(socket), "-n", namespace, "images", "import", str(archive)],
         f"importing {name} into containerd at {socket}",
     )
+    return True
+
+
+# The project's images, from the top-level Dockerfile's targets.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGISTRY = "ghcr.io/ddpjob"
+TARGETS = ("operator", "trainer")
+# Packages listed in pyproject.toml that a target's image does not keep (its Dockerfile stage deletes them),
+# so a change to them does not rebuild that image.
+DROPPED = {"operator": {"ddpjob_box"}, "trainer": {"ddpjob_box", "ddpjob_operator"}}
+
+
+def pip_cache() -> Path:
+    """The host's pip cache, mounted into the builds so torch is downloaded once per machine."""
+    return Path(os.environ.get("PIP_CACHE_DIR", cache_dir() / "pip"))
+
+
+def build_volumes() -> list[str]:
+    """``--volume`` arguments that give the build's pip what the host's pip has: its cache, its CA bundle
+    (a TLS-inspecting proxy signs PyPI with its own CA) and its index. Mounts are not part of a layer."""
+    cache = pip_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    volumes = [f"{cache}:/root/.cache/pip"]
+    conf = ["[global]"]
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        bundle = os.environ.get(var)
+        if bundle and Path(bundle).is_file():
+            volumes.append(f"{Path(bundle).resolve()}:/etc/ddpjob-build/ca.crt:ro")
+            conf.append("cert = /etc/ddpjob-build/ca.crt")
+            break
+    for var, key in (("PIP_INDEX_URL", "index-url"), ("PIP_EXTRA_INDEX_URL", "extra-index-url")):
+        if os.environ.get(var):
+            conf.append(f"{key} = {os.environ[var]}")
+    conf.append(f"timeout = {os.environ.get('PIP_DEFAULT_TIMEOUT', '120')}")
+    path = images_dir() / "pip.conf"
+    path.write_text("\n".join(conf) + "\n")
+    volumes.append(f"{path}:/etc/pip.conf:ro")
+    return volumes
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
+def image_name(target: str) -> str:
+    """The name the chart and the manifests use: ``ghcr.io/ddpjob/<target>:<version>``."""
+    return f"{REGISTRY}/{target}:{_pyproject()['project']['version']}"
+
+
+def _tree_digest(paths: Sequence[Path]) -> str:
+    digest = hashlib.sha256()
+    for top in paths:
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def target_inputs(target: str) -> list[Path]:
+    """What an image is built from: the Dockerfile, pyproject.toml and the packages it keeps."""
+    package_dirs = _pyproject()["tool"]["setuptools"]["package-dir"]
+    kept = sorted(set(package_dirs) - DROPPED[target])
+    return [REPO_ROOT / "Dockerfile", REPO_ROOT / "pyproject.toml", *(REPO_ROOT / package_dirs[p] for p in kept)]
+
+
+def ensure_target(target: str, *, quiet: bool = False) -> str:
+    """Build one of the Dockerfile's targets once per input key; returns the name the chart uses."""
+    if target not in TARGETS:
+        raise BoxError(f"unknown image target {target!r}: choose one of {', '.join(TARGETS)}")
+    base = ensure_base(quiet=quiet)
+    started = time.time()
+    name = image_name(target)
+    keyed = f"localhost/ddpjob/{target}:{input_key(target, base, _tree_digest(target_inputs(target)))}"
+    if image_id(keyed) is None:
+        if not quiet:
+            print(f"building {name} ({keyed}) with buildah", flush=True)
+        argv = buildah_argv(
+            "bud",
+            "--layers",
+            # a failed step leaves no mounted working container behind
+            "--force-rm",
+            "--pull-never",
+            "--runtime",
+            RUNTIME,
+            # runc's state under the box's own directory, not /run/runc
+            "--runtime-flag",
+            f"root={images_dir() / 'runroot' / 'runc'}",
+            "--network",
+            "host",
+            "--build-arg",
+            f"PYTHON_IMAGE={base}",
+            "--target",
+            target,
+            *(arg for volume in build_volumes() for arg in ("--volume", volume)),
+            "--tag",
+            keyed,
+            "--file",
+            str(REPO_ROOT / "Dockerfile"),
+            str(REPO_ROOT),
+        )
+        proc = subprocess.run(argv, text=True, capture_output=quiet, check=False, env=buildah_env())
+        if proc.returncode != 0:
+            if quiet:
+                print((proc.stdout + proc.stderr)[-4000:])
+            raise BoxError(f"building the {target} image failed (buildah output above); fix it and rerun 'make images'")
+    if image_id(name) != image_id(keyed):
+        buildah("tag", keyed, name, what=f"tagging {keyed} as {name}")
+        drop_older(keyed, started)
+    return name
+
+
+def drop_older(keyed: str, built_since: float) -> None:
+    """Remove the earlier builds of ``keyed``'s repository and the untagged stage images (layer cache) left
+    from builds before ``built_since``: the trainer's dependency layer alone is 5.5 GB. buildah refuses to
+    remove an image another one is built on, so the current build's cache stays."""
+    repo = keyed.rsplit(":", 1)[0]
+    for image in _listing():
+        for name in image.get("names") or []:
+            if name.startswith(f"{repo}:") and name != keyed:
+                subprocess.run(buildah_argv("rmi", name), capture_output=True, check=False)
+    for _ in range(20):  # each pass frees the parents of what the previous one removed
+        stale = [image["id"] for image in _listing() if not image.get("names") and image["created"] < built_since]
+        removed = [i for i in stale if subprocess.run(buildah_argv("rmi", i), capture_output=True).returncode == 0]
+        if not removed:
+            return
+
+
+def _listing() -> list[dict[str, Any]]:
+    listing: list[dict[str, Any]] = json.loads(buildah("images", "--all", "--json", what="listing images") or "[]")
+    return listing
+
+
+def ensure_all(socket: Path | None = None, *, namespace: str = CONTAINERD_NAMESPACE, quiet: bool = False) -> list[str]:
+    """Build the base, the pause and both targets; import them into the containerd at ``socket`` if given."""
+    names = [ensure_pause(quiet=quiet), *(ensure_target(target, quiet=quiet) for target in TARGETS)]
+    if socket is not None:
+        for name in names:
+            if import_into_containerd(name, socket, namespace) and not quiet:
+                print(f"imported {name} into {socket}", flush=True)
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m ddpjob_box.images [--containerd-socket SOCK]``: what ``make images`` runs."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m ddpjob_box.images", description=main.__doc__)
+    parser.add_argument("--containerd-socket", type=Path, help="import the images into this containerd")
+    parser.add_argument("--namespace", default=CONTAINERD_NAMESPACE, help="containerd namespace (default: k8s.io)")
+    args = parser.parse_args(argv)
+    if args.containerd_socket is not None and not args.containerd_socket.is_socket():
+        print(
+            f"ddpjob: --containerd-socket {args.containerd_socket} is not a socket; start containerd first",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    started = time.monotonic()
+    try:
+        names = ensure_all(args.containerd_socket, namespace=args.namespace)
+    except BoxError as err:
+        print(f"ddpjob: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{' '.join(names)} ready in {time.monotonic() - started:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
