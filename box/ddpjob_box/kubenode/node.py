@@ -52,7 +52,7 @@ CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
 RECORD = "node-record.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
-Importer = Callable[[str, Path], None]
+Importer = Callable[[str, Path], object]
 
 
 @dataclass
