@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -31,15 +31,16 @@ pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 TAINT = "ddpjob.dev/kubelet-two-nodes-test"
 
 
-@pytest.fixture(scope="module")
-def nodes(cluster: Cluster) -> Iterator[tuple[KubeletNode, KubeletNode]]:
+def start_two_nodes(cluster: Cluster, extra_images: Sequence[str] = ()) -> Iterator[tuple[KubeletNode, KubeletNode]]:
     if cluster.box is None or cluster.box.plane is None or os.geteuid() != 0:
         pytest.skip("needs the box's control plane and root")
     box = cluster.box
     assert box.plane is not None
     second: KubeletNode | None = None
     try:
-        first = box.start_kubelet_node(taints=(TAINT,))
+        started = time.monotonic()
+        first = box.start_kubelet_node(images=list(extra_images), taints=(TAINT,))
+        print(f"first node Ready {time.monotonic() - started:.1f}s after start")
         second = KubeletNode(
             plane=box.plane,
             directory=box.data_dir / "kubenode-b",
@@ -52,7 +53,9 @@ def nodes(cluster: Cluster) -> Iterator[tuple[KubeletNode, KubeletNode]]:
             taints=(TAINT,),
             with_proxy=False,
         )
+        started = time.monotonic()
         second.start()
+        print(f"second node Ready {time.monotonic() - started:.1f}s after start")
     except BoxError as err:
         if second:
             second.stop()
@@ -65,7 +68,12 @@ def nodes(cluster: Cluster) -> Iterator[tuple[KubeletNode, KubeletNode]]:
         box.stop_kubelet_node()
 
 
-def _pod(name: str, node: KubeletNode, script: str) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def nodes(cluster: Cluster) -> Iterator[tuple[KubeletNode, KubeletNode]]:
+    yield from start_two_nodes(cluster)
+
+
+def pod(name: str, node: KubeletNode, script: str, image: str = "") -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": "pair"}},
         "spec": {
@@ -78,9 +86,9 @@ def _pod(name: str, node: KubeletNode, script: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": node.images[0],
+                    "image": image or node.images[0],
                     "imagePullPolicy": "Never",
-                    "command": ["python3", "-c", script],
+                    "command": ["python3", "-c", script] if not image else ["sh", "-c", script],
                 }
             ],
         },
@@ -106,13 +114,13 @@ for _ in range(300):
 """
 
 
-def _finished(core: client.CoreV1Api, namespace: str, name: str) -> Any:
+def finished(core: client.CoreV1Api, namespace: str, name: str) -> Any:
     deadline = time.monotonic() + 120
-    while (pod := core.read_namespaced_pod(name, namespace)).status.phase not in ("Succeeded", "Failed"):
+    while (current := core.read_namespaced_pod(name, namespace)).status.phase not in ("Succeeded", "Failed"):
         if time.monotonic() > deadline:
-            pytest.fail(f"pod {name} is still {pod.status.phase} after 120s", pytrace=False)
+            pytest.fail(f"pod {name} is still {current.status.phase} after 120s", pytrace=False)
         time.sleep(0.2)
-    return pod
+    return current
 
 
 def test_a_pod_on_one_node_reaches_a_pod_on_the_other_by_its_dns_name(
@@ -122,10 +130,10 @@ def test_a_pod_on_one_node_reaches_a_pod_on_the_other_by_its_dns_name(
     core = client.CoreV1Api(api_client)
     service = {"metadata": {"name": "pair"}, "spec": {"clusterIP": "None", "selector": {"app": "pair"}}}
     core.create_namespaced_service(namespace, service)
-    core.create_namespaced_pod(namespace, _pod("pair-0", first, SERVER))
-    core.create_namespaced_pod(namespace, _pod("pair-1", second, CLIENT))
+    core.create_namespaced_pod(namespace, pod("pair-0", first, SERVER))
+    core.create_namespaced_pod(namespace, pod("pair-1", second, CLIENT))
 
-    server, peer = _finished(core, namespace, "pair-0"), _finished(core, namespace, "pair-1")
+    server, peer = finished(core, namespace, "pair-0"), finished(core, namespace, "pair-1")
 
     assert (server.spec.node_name, peer.spec.node_name) == (first.name, second.name)
     assert ipaddress.ip_address(server.status.pod_ip) in first.subnet
