@@ -117,8 +117,15 @@ def compare(before: HostState, after: HostState) -> list[str]:
     return diffs
 
 
-def restore(before: HostState, data_dir: Path, bridge: str) -> list[str]:
-    """Undo what is new since ``before``. The node's processes must be gone. Returns what could not be undone."""
+def restore(
+    before: HostState, data_dir: Path, bridge: str, *, cgroup_root: str = "", host_wide: bool = True
+) -> list[str]:
+    """Undo what is new since ``before``. The node's processes must be gone. Returns what could not be undone.
+
+    With ``host_wide`` False (another node still runs), only what is the node's own goes: mounts under its
+    data dir, the interfaces on its bridge and the cgroups under ``cgroup_root``; sysctls, chains and shared
+    paths are left for the last node to stop, which restores them from the first node's snapshot.
+    """
     failures: list[str] = []
     now = snapshot(data_dir, bridge)
     # Mounts first, deepest first: a netns or rootfs mount keeps veths and directories alive.
@@ -130,7 +137,12 @@ def restore(before: HostState, data_dir: Path, bridge: str) -> list[str]:
     for name in sorted(set(now.interfaces) - set(before.interfaces), key=lambda n: n == bridge):
         if name == bridge or _master(name) == bridge:
             subprocess.run(["ip", "link", "del", name], capture_output=True)
-    failures += _remove_cgroups(sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True))
+    new_cgroups = set(now.cgroups) - set(before.cgroups)
+    if cgroup_root:
+        new_cgroups = {c for c in new_cgroups if c.split("/")[1:2] == [cgroup_root.strip("/")]}
+    failures += _remove_cgroups(sorted(new_cgroups, key=len, reverse=True))
+    if not host_wide:
+        return failures
     for table, chains in now.chains.items():
         new = set(chains) - set(before.chains.get(table, []))
         if new:
@@ -163,7 +175,7 @@ def _remove_stale_sockets(root: Path, new: list[str], remove_root: bool) -> None
     containerd's live shims may be there too: remove only sockets nobody listens on, and emptied dirs."""
     for rel in sorted(new, key=len, reverse=True):
         path = root / rel
-        if path.is_socket() and not _listening(path):
+        if path.is_socket() and not listening(path):
             path.unlink(missing_ok=True)
         elif path.is_dir():
             with contextlib.suppress(OSError):
@@ -173,7 +185,8 @@ def _remove_stale_sockets(root: Path, new: list[str], remove_root: bool) -> None
             root.rmdir()
 
 
-def _listening(path: Path) -> bool:
+def listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket at ``path``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.connect(str(path))

@@ -50,6 +50,8 @@ from ddpjob_box.processes import Component, tail, wait_until
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
 RECORD = "node-record.json"
+# The host as the first of several nodes found it, restored by the last to stop.
+HOST_RECORD = SOCKETS_ROOT / "host-before.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], object]
@@ -111,7 +113,13 @@ class KubeletNode:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.before = hoststate.snapshot(self.directory, self.bridge)
         # Written before anything changes the host, so a box killed outright can still be undone (recover).
-        (self.directory / RECORD).write_text(json.dumps({"bridge": self.bridge, "before": asdict(self.before)}))
+        (self.directory / RECORD).write_text(
+            json.dumps({"bridge": self.bridge, "cgroup_root": self.cgroup_root, "before": asdict(self.before)})
+        )
+        if not live_nodes(self.layout) or not HOST_RECORD.exists():
+            # the first node on the host keeps the host's state for the last one to stop
+            SOCKETS_ROOT.mkdir(parents=True, exist_ok=True)
+            HOST_RECORD.write_text(json.dumps(asdict(self.before)))
         try:
             self._make_bridge()
             if self.with_dns:
@@ -322,10 +330,9 @@ class KubeletNode:
         if self.coredns:
             self.coredns.stop()
         if self.before is not None:
-            self.leftovers = hoststate.restore(self.before, self.directory, self.bridge)
+            self.leftovers = _restore(self.before, self.layout, self.bridge, self.cgroup_root)
             if self.leftovers:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
-            _remove_socket_dir(self.layout)
             (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
 
@@ -345,9 +352,9 @@ def recover(directory: Path) -> bool:
         return False
     data = json.loads(record.read_text())
     before = hoststate.HostState(**data["before"])
-    kill_pods(before, NodeLayout(directory).containerd_socket)
-    hoststate.restore(before, directory, data["bridge"])
-    _remove_socket_dir(NodeLayout(directory))
+    layout = NodeLayout(directory)
+    kill_pods(before, layout.containerd_socket)
+    _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))
     record.unlink()
     return True
 
@@ -370,6 +377,28 @@ def kill_pods(before: hoststate.HostState, socket: Path) -> None:
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def live_nodes(layout: NodeLayout) -> list[Path]:
+    """The socket dirs of other nodes on this host whose containerd still answers."""
+    if not SOCKETS_ROOT.is_dir():
+        return []
+    return [
+        d
+        for d in SOCKETS_ROOT.iterdir()
+        if d != layout.socket_dir and hoststate.listening(d / layout.containerd_socket.name)
+    ]
+
+
+def _restore(before: hoststate.HostState, layout: NodeLayout, bridge: str, cgroup_root: str) -> list[str]:
+    """Put back what this node changed; the host-wide state too when it is the last node running."""
+    failures = hoststate.restore(before, layout.root, bridge, cgroup_root=cgroup_root, host_wide=False)
+    if not live_nodes(layout):
+        first = hoststate.HostState(**json.loads(HOST_RECORD.read_text())) if HOST_RECORD.exists() else before
+        failures = hoststate.restore(first, layout.root, bridge)
+        HOST_RECORD.unlink(missing_ok=True)
+    _remove_socket_dir(layout)
+    return failures
 
 
 def _remove_socket_dir(layout: NodeLayout) -> None:
