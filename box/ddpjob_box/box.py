@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -12,6 +13,7 @@ from typing import Any
 
 from ddpjob_box.controlplane import ControlPlane
 from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.node.network import Bridge, pick_subnet
 from ddpjob_box.node.provisioner import storage_class
 from ddpjob_box.node.teardown import record_node, teardown
@@ -19,6 +21,7 @@ from ddpjob_box.processes import Component, tail, wait_until
 from ddpjob_box.prometheus import Prometheus
 
 NODE_NAME = "box-node"
+KUBELET_NODE_NAME = "box-kubelet"
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Box:
     bridge: Bridge | None = None
     plane: ControlPlane | None = None
     node: LocalNode | None = None
+    # The real node (kubelet, containerd, runc), opt-in beside the process node until the box switches to it.
+    kubelet_node: KubeletNode | None = None
     prometheus: Prometheus | None = None
 
     def __enter__(self) -> Box:
@@ -134,6 +139,34 @@ class Box:
             self.node.start()
         return self.node
 
+    def start_kubelet_node(self, *, images: Sequence[str] = (), taints: tuple[str, ...] = ()) -> KubeletNode:
+        """Start the box's kubelet node on first use. It runs the local base image and ``images`` (local
+        names, imported into its containerd), and only pods that tolerate ``taints``."""
+        from ddpjob_box import images as local_images
+
+        assert self.plane is not None
+        if self.kubelet_node is None:
+            node = KubeletNode(
+                plane=self.plane,
+                directory=self.data_dir / "kubenode",
+                name=KUBELET_NODE_NAME,
+                bridge=f"kn{self.box_id}",
+                # away from the process node's /24, which is picked from the same id
+                subnet=pick_subnet(int(self.box_id, 16) % 256 + 128),
+                sandbox_image=local_images.ensure_pause(),
+                importer=local_images.import_into_containerd,
+                images=[local_images.ensure_base(), *images],
+                taints=taints,
+            )
+            node.start()
+            self.kubelet_node = node
+        return self.kubelet_node
+
+    def stop_kubelet_node(self) -> None:
+        if self.kubelet_node:
+            self.kubelet_node.stop()
+            self.kubelet_node = None
+
     def ensure_storage_class(self, body: dict[str, Any]) -> None:
         from kubernetes import client, config
         from kubernetes.client.rest import ApiException
@@ -150,6 +183,8 @@ class Box:
         parts = [self.plane.log_tails()] if self.plane else []
         if self.node and self.node.component:
             parts.append(f"--- node ({self.node.component.log_path}):\n{tail(self.node.component.log_path)}")
+        if self.kubelet_node:
+            parts.append(self.kubelet_node.log_tails())
         return "\n".join(parts)
 
     def stop(self) -> None:
@@ -157,5 +192,6 @@ class Box:
             self.prometheus.stop()
         if self.node:
             self.node.stop()
+        self.stop_kubelet_node()
         if self.plane:
             self.plane.stop()

@@ -58,9 +58,12 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
             "or choose another --data-dir"
         )
     if data_dir.exists():
+        from ddpjob_box.kubenode.node import RECORD, recover
         from ddpjob_box.node.teardown import teardown_recorded
 
         teardown_recorded(data_dir / "node")  # a killed run's bridge and namespaces go with its data
+        for record in data_dir.glob(f"*/{RECORD}"):
+            recover(record.parent)  # and a killed kubelet node's pods, shims, mounts, cgroups and chains
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True)
     lock.write_text(f"{os.getpid()} {_process_start_time(os.getpid())}\n")
@@ -183,7 +186,14 @@ class ControlPlane:
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--token-auth-file={self.data_dir / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
+                # Node authorizes kubelets (system:node:<name>) for their own node and pods, as in any cluster.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                # How the apiserver reaches kubelets for logs, exec and port-forward.
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",

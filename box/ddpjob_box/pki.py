@@ -19,7 +19,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
-    """Write ca.{crt,key}, the serving cert apiserver.{crt,key} and the service-account keys sa.{key,pub}."""
+    """Write ca.{crt,key}, the serving cert apiserver.{crt,key}, the client cert apiserver-kubelet-client.{crt,key}
+    (the apiserver's identity towards kubelets, for logs and exec) and the service-account keys sa.{key,pub}."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("genrsa", "-out", "ca.key", "2048", cwd=directory)
     _openssl(
@@ -36,27 +37,37 @@ def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
         "ca.crt",
         cwd=directory,
     )
-    san = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{name}" for name in dns)])
-    (directory / "san.cnf").write_text(
-        "[ext]\nsubjectAltName=" + san + "\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
-    )
-    _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=directory)
-    _openssl(
-        "req",
-        "-new",
-        "-key",
-        "apiserver.key",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-out",
-        "apiserver.csr",
-        cwd=directory,
-    )
+    issue_cert(directory, "apiserver", "/CN=kube-apiserver", server=True, ips=ips, dns=dns)
+    kubelet_client = "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    issue_cert(directory, "apiserver-kubelet-client", kubelet_client, server=False)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+
+
+def issue_cert(
+    directory: Path,
+    name: str,
+    subject: str,
+    *,
+    server: bool,
+    ips: Sequence[str] = (),
+    dns: Sequence[str] = (),
+) -> None:
+    """Write ``name.{crt,key}``, signed by the CA in ``directory``: a serving cert naming ``ips`` and ``dns``,
+    or a client cert whose subject carries the user (CN) and its groups (O), as the apiserver reads them."""
+    lines = ["[ext]", "keyUsage=digitalSignature,keyEncipherment"]
+    lines.append(f"extendedKeyUsage={'serverAuth' if server else 'clientAuth'}")
+    san = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{host}" for host in dns)])
+    if san:
+        lines.append(f"subjectAltName={san}")
+    (directory / f"{name}.cnf").write_text("\n".join(lines) + "\n")
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=directory)
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=directory)
     _openssl(
         "x509",
         "-req",
         "-in",
-        "apiserver.csr",
+        f"{name}.csr",
         "-CA",
         "ca.crt",
         "-CAkey",
@@ -65,12 +76,10 @@ def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
         "-days",
         "30",
         "-extfile",
-        "san.cnf",
+        f"{name}.cnf",
         "-extensions",
         "ext",
         "-out",
-        "apiserver.crt",
+        f"{name}.crt",
         cwd=directory,
     )
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)

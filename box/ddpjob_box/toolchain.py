@@ -47,6 +47,30 @@ def _required_version(module_dir: str, module: str) -> str:
 
 
 def kubernetes_build() -> GoBuild:
+    """The control plane and kubectl."""
+    return _kubernetes(
+        {
+            "etcd": "go.etcd.io/etcd/server/v3",
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        }
+    )
+
+
+def kubernetes_node_build() -> GoBuild:
+    """kubelet and kube-proxy: the same module and cache directory, built only when a real node is wanted,
+    so starting a control plane never waits for them."""
+    return _kubernetes(
+        {
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+        }
+    )
+
+
+def _kubernetes(packages: dict[str, str]) -> GoBuild:
     k8s = _required_version("k8s", "k8s.io/kubernetes")
     etcd = _required_version("k8s", "go.etcd.io/etcd/server/v3")
     major, minor = k8s.lstrip("v").split(".")[:2]
@@ -54,13 +78,7 @@ def kubernetes_build() -> GoBuild:
     return GoBuild(
         module_dir="k8s",
         key=f"k8s-{k8s}-etcd-{etcd}",
-        packages={
-            "etcd": "go.etcd.io/etcd/server/v3",
-            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
-            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
-            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
-        },
+        packages=packages,
         # Without these, /version reports v0.0.0 and kubectl warns about skew.
         ldflags=(
             f"-s -w -X {version_pkg}.gitVersion={k8s} -X {version_pkg}.gitMajor={major}"
@@ -76,6 +94,16 @@ def helm_build() -> GoBuild:
         key=f"helm-{helm}",
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version={helm}",
+    )
+
+
+def coredns_build() -> GoBuild:
+    """CoreDNS with the kubernetes plugin, from tools/coredns (only the plugins the box's DNS uses)."""
+    coredns = _required_version("coredns", "github.com/coredns/coredns")
+    return GoBuild(
+        module_dir="coredns",
+        key=f"coredns-{coredns}",
+        packages={"coredns": "ddpjob.dev/tools/coredns"},
     )
 
 
@@ -154,7 +182,7 @@ def main() -> None:
     import sys
 
     try:
-        for build in (kubernetes_build(), helm_build()):
+        for build in (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build()):
             paths = ensure(build)
             print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
     except BoxError as err:

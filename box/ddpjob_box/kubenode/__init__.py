@@ -1,0 +1,1 @@
+"""A real node for the box: kubelet, containerd, runc and a CNI bridge."""

@@ -1,0 +1,446 @@
+"""A real node: containerd with runc, a CNI bridge, and kubelet registered with the box's apiserver.
+
+Start order: snapshot the host, make the bridge (kubelet's node IP must be on an
+interface before it starts), containerd, the images it runs, the CNI network,
+then kubelet. Stop order is the reverse, and kubelet does not drain pods when it
+stops, so the node kills what runs in its pods' cgroups and the containerd shims
+itself, then puts the host back as the snapshot found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpjob_box import toolchain
+from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
+from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode import hoststate
+from ddpjob_box.kubenode.configs import (
+    KUBELET_SOCKET,
+    SOCKETS_ROOT,
+    KubeletSettings,
+    NodeLayout,
+    cni_conflist,
+    containerd_toml,
+    corefile,
+    kube_proxy_configuration,
+    kubeconfig,
+    kubelet_configuration,
+    to_json,
+)
+from ddpjob_box.pki import issue_cert
+from ddpjob_box.ports import free_port
+from ddpjob_box.processes import Component, tail, wait_until
+
+# The tenth address of the service range, as kubeadm gives CoreDNS.
+CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
+RECORD = "node-record.json"
+# The host as the first of several nodes found it, restored by the last to stop.
+HOST_RECORD = SOCKETS_ROOT / "host-before.json"
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+# Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
+Importer = Callable[[str, Path], object]
+
+
+@dataclass
+class KubeletNode:
+    plane: ControlPlane
+    directory: Path
+    name: str
+    bridge: str
+    subnet: ipaddress.IPv4Network
+    sandbox_image: str
+    importer: Importer
+    images: Sequence[str] = ()
+    taints: tuple[str, ...] = ()
+    # CoreDNS on the bridge address, named in kubelet's clusterDNS, so pods resolve services and pods by name
+    with_dns: bool = True
+    # kube-proxy, plus a forwarder from the bridge to the apiserver, so pods reach kubernetes.default.svc
+    with_proxy: bool = True
+    coredns: Component | None = None
+    kube_proxy: Component | None = None
+    api_forwarder: Component | None = None
+    containerd: Component | None = None
+    kubelet: Component | None = None
+    before: hoststate.HostState | None = None
+    # What restore could not undo at the last stop; empty when the host is as it was.
+    leftovers: list[str] = field(default_factory=list)
+
+    @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.directory)
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{hoststate.CGROUP_PREFIXES[1]}{self.name}"
+
+    @property
+    def gateway(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            raise BoxError("a kubelet node needs root (cgroups, mounts, network): run as root (sudo make ...)")
+        for tool, package in (("containerd", "containerd"), ("runc", "runc"), ("ip", "iproute2")):
+            if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+                raise BoxError(f"{tool} is missing: run 'apt-get install -y {package}' (or 'make system-packages')")
+        if not Path("/usr/lib/cni/bridge").exists():
+            raise BoxError("the CNI plugins are missing: run 'apt-get install -y containernetworking-plugins'")
+        longest = self.layout.kubelet_root / KUBELET_SOCKET
+        if len(str(longest)) > 107:
+            raise BoxError(
+                f"the data directory's path is too long for kubelet's unix sockets ({longest} has "
+                f"{len(str(longest))} bytes, the limit is 107): choose a shorter --data-dir"
+            )
+        bins = toolchain.ensure(toolchain.kubernetes_node_build())
+        if self.with_dns:
+            bins |= toolchain.ensure(toolchain.coredns_build())
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.before = hoststate.snapshot(self.directory, self.bridge)
+        # Written before anything changes the host, so a box killed outright can still be undone (recover).
+        (self.directory / RECORD).write_text(
+            json.dumps({"bridge": self.bridge, "cgroup_root": self.cgroup_root, "before": asdict(self.before)})
+        )
+        if not live_nodes(self.layout) or not HOST_RECORD.exists():
+            # the first node on the host keeps the host's state for the last one to stop
+            SOCKETS_ROOT.mkdir(parents=True, exist_ok=True)
+            HOST_RECORD.write_text(json.dumps(asdict(self.before)))
+        try:
+            self._make_bridge()
+            if self.with_dns:
+                self._start_coredns(bins["coredns"])
+            self._start_containerd()
+            for image in dict.fromkeys([self.sandbox_image, *self.images]):
+                self.importer(image, self.layout.containerd_socket)
+            self._write_cni()
+            self._start_kubelet(bins["kubelet"])
+            if self.with_proxy:
+                self._start_kube_proxy(bins["kube-proxy"])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _make_bridge(self) -> None:
+        # The CNI bridge plugin would make it at the first pod, but kubelet needs its node IP on an interface.
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+
+    def _start_coredns(self, binary: Path) -> None:
+        health, ready = free_port(), free_port()
+        path = self.directory / "Corefile"
+        path.write_text(corefile(self.gateway, health, ready, self.plane.kubeconfig))
+        self.coredns = Component(
+            "coredns", [str(binary), "-conf", str(path)], self.plane.logs_dir / f"coredns-{self.name}.log"
+        )
+        self.coredns.start()
+        wait_until("CoreDNS /ready", lambda: _http_ok(f"http://127.0.0.1:{ready}/ready"), 60, watch=[self.coredns])
+
+    def _start_containerd(self) -> None:
+        layout = self.layout
+        layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+        layout.containerd_config.write_text(containerd_toml(layout, self.sandbox_image))
+        layout.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.containerd = Component(
+            "containerd",
+            [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
+            self.plane.logs_dir / f"containerd-{self.name}.log",
+        )
+        self.containerd.start()
+        ctr = shutil.which("ctr") or "ctr"
+        wait_until(
+            "containerd to serve",
+            lambda: (
+                subprocess.run(
+                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            30,
+            watch=[self.containerd],
+        )
+
+    def _write_cni(self) -> None:
+        layout = self.layout
+        layout.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+        layout.cni_ipam_dir.mkdir(parents=True, exist_ok=True)
+        conflist = cni_conflist(layout, self.bridge, self.subnet)
+        (layout.cni_conf_dir / "10-ddpjob-box.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
+
+    def _start_kubelet(self, binary: Path) -> None:
+        layout, pki = self.layout, self.plane.data_dir / "pki"
+        cert = f"kubelet-{self.name}"
+        issue_cert(pki, cert, f"/CN={self.name}", server=True, ips=[self.gateway, "127.0.0.1"], dns=[self.name])
+        issue_cert(pki, f"{cert}-client", f"/O=system:nodes/CN=system:node:{self.name}", server=False)
+        client = (pki / f"{cert}-client.crt", pki / f"{cert}-client.key")
+        layout.kubelet_kubeconfig.write_text(to_json(kubeconfig(self.plane.server, self.plane.ca_file, *client)))
+        settings = KubeletSettings(
+            node_ip=self.gateway,
+            port=free_port(),
+            healthz_port=free_port(),
+            ca_file=self.plane.ca_file,
+            serving_cert=pki / f"{cert}.crt",
+            serving_key=pki / f"{cert}.key",
+            cluster_dns=self.gateway if self.with_dns else CLUSTER_DNS,
+            cgroup_root=self.cgroup_root,
+            taints=self.taints,
+        )
+        layout.kubelet_config.write_text(to_json(kubelet_configuration(layout, settings)))
+        for path in (layout.kubelet_root, layout.pod_logs, layout.volume_plugins):
+            path.mkdir(parents=True, exist_ok=True)
+        # kubelet refuses a cgroup root that does not exist in every hierarchy it uses
+        for hierarchy in hoststate.hierarchies():
+            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        self.kubelet = Component(
+            "kubelet",
+            [
+                str(binary),
+                f"--config={layout.kubelet_config}",
+                f"--kubeconfig={layout.kubelet_kubeconfig}",
+                f"--root-dir={layout.kubelet_root}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={self.gateway}",
+                "--v=1",
+            ],
+            self.plane.logs_dir / f"kubelet-{self.name}.log",
+        )
+        self.kubelet.start()
+        watch = [c for c in (self.containerd, self.kubelet) if c]
+        wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=watch)
+
+    def _start_kube_proxy(self, binary: Path) -> None:
+        pki, port = self.plane.data_dir / "pki", self.plane.apiserver_port
+        assert port is not None
+        self.api_forwarder = Component(
+            "apiserver-forwarder",
+            [sys.executable, "-m", "ddpjob_box.kubenode.apiproxy", self.gateway, str(port), str(port)],
+            self.plane.logs_dir / f"apiserver-forwarder-{self.name}.log",
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+        )
+        self.api_forwarder.start()
+        # The apiserver runs with --endpoint-reconciler-type=none: the box says where the kubernetes Service goes.
+        self._api_write("POST", SLICES, self._api_slice())
+        cert = f"kube-proxy-{self.name}"
+        issue_cert(pki, cert, "/CN=system:kube-proxy", server=False)
+        kubeconfig_path = self.directory / "kube-proxy.kubeconfig"
+        kubeconfig_path.write_text(
+            to_json(kubeconfig(self.plane.server, self.plane.ca_file, pki / f"{cert}.crt", pki / f"{cert}.key"))
+        )
+        healthz = free_port()
+        config = kube_proxy_configuration(kubeconfig_path, self.name, self.gateway, self.subnet, healthz, free_port())
+        config_path = self.directory / "kube-proxy-config.yaml"
+        config_path.write_text(to_json(config))
+        self.kube_proxy = Component(
+            "kube-proxy",
+            [str(binary), f"--config={config_path}", "--v=1"],
+            self.plane.logs_dir / f"kube-proxy-{self.name}.log",
+        )
+        self.kube_proxy.start()
+        wait_until(
+            "kube-proxy /healthz",
+            lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"),
+            60,
+            watch=[self.kube_proxy, self.api_forwarder],
+        )
+
+    def _api_slice(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"kubernetes-{self.name}",
+                "labels": {
+                    "kubernetes.io/service-name": "kubernetes",
+                    "endpointslice.kubernetes.io/managed-by": "ddpjob-box",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.gateway], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": self.plane.apiserver_port, "protocol": "TCP"}],
+        }
+
+    def ready(self) -> bool:
+        node = self._api_get(f"/api/v1/nodes/{self.name}")
+        conditions = node.get("status", {}).get("conditions", []) if node else []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def _api_get(self, path: str) -> dict[str, Any] | None:
+        ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        request = urllib.request.Request(
+            self.plane.server + path, headers={"Authorization": f"Bearer {self.plane.admin_token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=5) as response:
+                body = json.loads(response.read())
+                return body if isinstance(body, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _api_write(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """POST or DELETE as the box admin; a 409 on create and a 404 on delete are what was wanted."""
+        ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        request = urllib.request.Request(
+            self.plane.server + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {self.plane.admin_token}", "Content-Type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(request, context=ctx, timeout=5).close()
+        except urllib.error.HTTPError as err:
+            if err.code not in (404, 409):
+                raise BoxError(f"{method} {path} failed: {err.code} {err.read()[:200]!r}") from None
+
+    def _forget(self) -> None:
+        """Remove the node's objects from the apiserver, if it is still up."""
+        try:
+            self._api_write(
+                "DELETE", f"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes-{self.name}"
+            )
+            self._api_write("DELETE", f"/api/v1/nodes/{self.name}")
+        except (OSError, BoxError):
+            pass  # the control plane is already gone
+
+    def stop(self) -> None:
+        """Stop kubelet, kill the pods' processes and the shims, stop containerd, and restore the host."""
+        for component in (self.kube_proxy, self.api_forwarder, self.kubelet):
+            if component:
+                component.stop()
+        if self.kubelet:
+            self._forget()
+        if self.before is not None:
+            kill_pods(self.before, self.layout.containerd_socket)
+        if self.containerd:
+            self.containerd.stop()
+        if self.coredns:
+            self.coredns.stop()
+        if self.before is not None:
+            self.leftovers = _restore(self.before, self.layout, self.bridge, self.cgroup_root)
+            if self.leftovers:
+                print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
+            (self.directory / RECORD).unlink(missing_ok=True)
+            self.before = None
+
+    def log_tails(self) -> str:
+        return "\n".join(
+            f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}"
+            for c in (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
+            if c
+        )
+
+
+def recover(directory: Path) -> bool:
+    """Undo a node whose box was killed outright (its kubelet and containerd died with it, but the shims and
+    pods did not); False when ``directory`` holds no record of a node that was not stopped."""
+    record = directory / RECORD
+    if not record.exists():
+        return False
+    data = json.loads(record.read_text())
+    before = hoststate.HostState(**data["before"])
+    layout = NodeLayout(directory)
+    kill_pods(before, layout.containerd_socket)
+    _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))
+    record.unlink()
+    return True
+
+
+def kill_pods(before: hoststate.HostState, socket: Path) -> None:
+    """SIGKILL every process in a pod cgroup made since ``before``, and every shim of the containerd at
+    ``socket``: kubelet does not stop pods when it stops, and shims outlive containerd by design."""
+    old = set(before.cgroups)
+    pids: set[int] = set()
+    for rel in hoststate.pod_cgroups():
+        if rel not in old:
+            pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
+    pids |= {pid for pid, argv in _processes() if str(socket) in argv and "containerd-shim" in argv}
+    pids.discard(os.getpid())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def live_nodes(layout: NodeLayout) -> list[Path]:
+    """The socket dirs of other nodes on this host whose containerd still answers."""
+    if not SOCKETS_ROOT.is_dir():
+        return []
+    return [
+        d
+        for d in SOCKETS_ROOT.iterdir()
+        if d != layout.socket_dir and hoststate.listening(d / layout.containerd_socket.name)
+    ]
+
+
+def _restore(before: hoststate.HostState, layout: NodeLayout, bridge: str, cgroup_root: str) -> list[str]:
+    """Put back what this node changed; the host-wide state too when it is the last node running."""
+    failures = hoststate.restore(before, layout.root, bridge, cgroup_root=cgroup_root, host_wide=False)
+    if not live_nodes(layout):
+        first = hoststate.HostState(**json.loads(HOST_RECORD.read_text())) if HOST_RECORD.exists() else before
+        failures = hoststate.restore(first, layout.root, bridge)
+        HOST_RECORD.unlink(missing_ok=True)
+    _remove_socket_dir(layout)
+    return failures
+
+
+def _remove_socket_dir(layout: NodeLayout) -> None:
+    shutil.rmtree(layout.socket_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        SOCKETS_ROOT.rmdir()  # only when no other node's sockets are there
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BoxError(f"'ip {' '.join(args)}' failed: {proc.stderr.strip()}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _cgroup_pids(path: Path) -> set[int]:
+    try:
+        return {int(line) for line in (path / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _processes() -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+            except OSError:
+                continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
