@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,16 +98,16 @@ def test_coredns_binds_only_the_node_address_and_serves_cluster_local_from_the_a
     assert "kubeconfig /kc box" in text
 
 
-def _state(**changes: object) -> hoststate.HostState:
-    base: dict[str, object] = {
-        "sysctls": {"vm.overcommit_memory": "0"},
-        "chains": {"iptables/filter": []},
-        "cgroups": [],
-        "files": {"/var/lib/kubelet": None, "/run/netns": []},
-        "mounts": [],
-        "interfaces": [],
-    }
-    return hoststate.HostState(**(base | changes))  # type: ignore[arg-type]
+def _state(**changes: Any) -> hoststate.HostState:
+    base = hoststate.HostState(
+        sysctls={"vm.overcommit_memory": "0"},
+        chains={"iptables/filter": []},
+        cgroups=[],
+        files={"/var/lib/kubelet": None, "/run/netns": []},
+        mounts=[],
+        interfaces=[],
+    )
+    return dataclasses.replace(base, **changes)
 
 
 @pytest.mark.parametrize(
