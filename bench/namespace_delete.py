@@ -90,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--settle", type=float, default=10.0, help="seconds to keep watching after the namespace is gone"
     )
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle operator CPU, the baseline")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -117,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             create_wall = time.monotonic() - wall0
             settle(op)
             create_cpu = op.cpu_seconds() - cpu0
+            idle0 = op.cpu_seconds()
+            time.sleep(args.idle)
+            idle_rate = (op.cpu_seconds() - idle0) / args.idle
             log(f"  created and launched in {create_wall:.1f}s; operator CPU {create_cpu:.2f}s")
             before, lines_before = scrape(op), len(op.log().splitlines())
             cpu1, wall1 = op.cpu_seconds(), time.monotonic()
@@ -125,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             delete_wall = time.monotonic() - wall1
             time.sleep(args.settle)
             delete_cpu = op.cpu_seconds() - cpu1
+            delete_idle = idle_rate * (delete_wall + args.settle)
             after = scrape(op)
             op.check_alive()
             new_lines = op.log().splitlines()[lines_before:]
@@ -138,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "create_operator_cpu_s": create_cpu,
         "delete_wall_s": delete_wall,
         "delete_operator_cpu_s": delete_cpu,
+        "idle_operator_cpu_s_per_s": idle_rate,
+        "delete_operator_cpu_above_idle_s": delete_cpu - delete_idle,
         "delete_restarts": during.get("restarts", 0.0),
         "delete_posts": {k: v for k, v in during.items() if k.startswith("POST")},
         "delete_log_lines": len(new_lines),
@@ -146,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     rows = [
         ["create + launch", f"{create_wall:.1f}", f"{create_cpu:.2f}", "", "", ""],
-        ["delete ns", f"{delete_wall:.1f}", f"{delete_cpu:.2f}", f"{figures['delete_restarts']:g}",
+        ["idle (baseline)", f"{args.idle:.1f}", f"{idle_rate * args.idle:.2f}", "", "", ""],
+        ["delete ns (+ settle)", f"{delete_wall + args.settle:.1f}",
+         f"{delete_cpu:.2f} ({delete_cpu - delete_idle:.2f} above idle)", f"{figures['delete_restarts']:g}",
          f"{sum(figures['delete_posts'].values()):g}", f"{len(errors)}"],
     ]  # fmt: skip
     markdown = f"### Deleting a namespace of {args.jobs} idle DDPJobs ({args.replicas} ranks each)\n\n" + table(

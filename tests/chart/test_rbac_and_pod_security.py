@@ -101,6 +101,8 @@ def test_in_namespaced_mode_the_operator_can_do_its_job_in_its_namespace_and_not
     assert not _can(cluster, sa, "list", "ddpjobs.ddpjob.dev", "--all-namespaces")
     assert not _can(cluster, sa, "list", "namespaces")
     assert not _can(cluster, sa, "list", "customresourcedefinitions.apiextensions.k8s.io")
+    assert _can(cluster, sa, "get", f"namespaces/{namespace}", "-n", namespace), "is its namespace being deleted?"
+    assert not _can(cluster, sa, "get", f"namespaces/{other_namespace}", "-n", other_namespace)
 
 
 def test_watched_namespaces_get_the_operator_permissions_there_and_only_there(

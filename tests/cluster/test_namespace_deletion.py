@@ -1,8 +1,9 @@
-"""Deleting a namespace full of DDPJobs: the operator stands aside and lets it go.
+"""Deleting a namespace full of DDPJobs, or one job: the operator stands aside and lets it go.
 
 The namespace controller deletes the pods (no node here: at once) while the DDPJobs still exist,
 so the operator sees launched ranks vanish. In a terminating namespace that is no rank failure:
-no restart, no create attempt (they would only be refused with 403), no traceback.
+no restart, no create attempt (they would only be refused with 403), no traceback. Nor is a pod
+the garbage collector removes because its job is being deleted.
 """
 
 from __future__ import annotations
@@ -87,3 +88,18 @@ def test_deleting_a_namespace_of_launched_jobs_restarts_nothing_creates_nothing_
         except ApiError as err:
             if err.status not in (404, 409):
                 raise
+
+
+@pytest.mark.parametrize("propagation", ["Foreground", "Background"])
+def test_pods_the_garbage_collector_removes_with_their_job_are_no_rank_failure(
+    raw: Raw, namespace: str, operator: Operator, propagation: str
+) -> None:
+    raw.create_job(namespace, job_body("doomed", 3))
+    wait_for(lambda: raw.status(namespace, "doomed").get("launchedAttempt") == 0, what="the attempt launched")
+    settled()
+    restarts, posts = counter("ddpjob_operator_jobs_restarted_total"), creates()
+    raw.delete(f"{JOBS.format(ns=namespace)}/doomed", {"propagationPolicy": propagation})
+    wait_for(lambda: raw.job(namespace, "doomed") is None and not raw.pods(namespace, "doomed"), what="all gone")
+    time.sleep(1.0)  # reconciles the pods' deletions woke
+    assert counter("ddpjob_operator_jobs_restarted_total") == restarts
+    assert creates() == posts  # and the operator fixture fails the test on any error it logged
