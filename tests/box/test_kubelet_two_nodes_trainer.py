@@ -18,7 +18,9 @@ from tests.box.test_kubelet_two_nodes import finished, pod, start_two_nodes
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl
 
-pytestmark = [pytest.mark.cluster, pytest.mark.kubelet, pytest.mark.images, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.cluster, pytest.mark.kubelet, pytest.mark.images, pytest.mark.stretch, pytest.mark.timeout(1800),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
