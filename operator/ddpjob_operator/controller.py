@@ -273,6 +273,10 @@ class Controller:
         try:
             if the_plan.create_service:
                 self._api.create(builders.service(job))
+        except NamespaceTerminating:
+            self._namespace_deleted(key, now, refused=True)
+            return None
+        try:
             self._create_pods(job, the_plan.status.attempt, the_plan.create_ranks)
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)

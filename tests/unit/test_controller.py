@@ -274,17 +274,22 @@ def test_launched_ranks_that_vanish_with_their_terminating_namespace_restart_not
     assert kube.calls == [], "a job of a namespace being deleted is left alone, without asking again"
 
 
-def test_a_create_refused_because_the_namespace_is_terminating_ends_the_jobs_work_quietly(creates: Executor) -> None:
+@pytest.mark.parametrize("refused", ["Service", "Pod"])
+def test_a_create_refused_because_the_namespace_is_terminating_ends_the_jobs_work_quietly(
+    creates: Executor, refused: str
+) -> None:
     class Terminating(FakeKube):
         def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+            if obj["kind"] != refused:
+                return super().create(obj)
             self._call(f"POST {obj['kind']}")
-            raise NamespaceTerminating(403, 'services "train" is forbidden: namespace ns is being terminated')
+            raise NamespaceTerminating(403, f"{obj['kind']} is forbidden: namespace ns is being terminated")
 
     kube = Terminating(replicas=2)
     kube.namespace_deleted = "2026-01-01T00:00:00Z"
     ctl = controller(kube, creates)
     assert ctl.reconcile(KEY) is None, "no error: nothing to retry"
-    assert kube.calls.count("POST Service") == 1 and "POST Pod" not in kube.calls
+    assert kube.calls.count("POST Service") == 1 and kube.calls.count("POST Pod") == (2 if refused == "Pod" else 0)
     kube.calls.clear()
     ctl.reconcile(KEY)
     assert kube.calls == [], "the other jobs of that namespace are left alone too"
