@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddp_trainer import metric_names as names
 from ddp_trainer.metrics import Metrics, StepTiming
+from ddpjob_contract import metrics as names
 
 
 def families(m: Metrics) -> dict[str, list[tuple[str, dict[str, str], float]]]:
@@ -31,8 +31,11 @@ def test_the_contract_modules_import_without_torch() -> None:
     import subprocess
     import sys
 
-    modules = "metric_names, metrics, config, launch, errors, signals, __main__"
-    code = f"import sys; from ddp_trainer import {modules}; assert 'torch' not in sys.modules, 'torch imported'"
+    modules = "metrics, config, launch, errors, signals, __main__"
+    code = (
+        f"import sys; import ddpjob_contract.metrics; from ddp_trainer import {modules}; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
