@@ -82,6 +82,7 @@ def test_a_finished_run_leaves_its_final_numbers_as_one_json_line_at_the_termina
     tmp_path: Path,
 ) -> None:
     message = tmp_path / "termination-log"
+    message.touch()  # the kubelet makes it; where there is none, nothing is written (the next test)
     with processes() as procs:
         done = procs.wait(procs.start(trainer(*TINY, "--steps", "5"), clean_env(TERMINATION_MESSAGE_PATH=str(message))))
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
@@ -92,6 +93,14 @@ def test_a_finished_run_leaves_its_final_numbers_as_one_json_line_at_the_termina
     assert summary["samples"] == 5 * 4  # every step of this process, batch 4
     assert 0 < summary["step_seconds_mean"] < 60
     assert summary["samples_per_second"] == pytest.approx(4 / summary["step_seconds_mean"], rel=0.25)
+
+
+def test_no_exit_message_file_is_created_where_none_exists(tmp_path: Path) -> None:
+    missing = tmp_path / "termination-log"  # outside a container nothing makes it, as /dev/termination-log
+    with processes() as procs:
+        done = procs.wait(procs.start(trainer(*TINY, "--steps", "2"), clean_env(TERMINATION_MESSAGE_PATH=str(missing))))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert not missing.exists()
 
 
 @pytest.mark.parametrize(
@@ -106,6 +115,7 @@ def test_a_permanent_error_leaves_the_line_it_prints_as_the_termination_message(
     tmp_path: Path, args: list[str], expected: str
 ) -> None:
     message = tmp_path / "termination-log"
+    message.touch()
     with processes() as procs:
         done = procs.wait(procs.start(trainer(*TINY, *args), clean_env(TERMINATION_MESSAGE_PATH=str(message))))
     assert done.returncode == EXIT_PERMANENT
@@ -181,8 +191,9 @@ def test_a_peer_killed_after_its_last_step_makes_the_survivor_retry_at_the_final
     # report the run done (the peer never finished), and it must not die in gloo's teardown.
     args = trainer(
         *TINY, "--steps", "4", "--crash-at-step", "4", "--crash-rank", "1", "--pg-timeout-seconds", "60",
-        "--termination-message-path", str(tmp_path / "message-0"),
+        "--termination-message-path", str(tmp_path / "message"),
     )  # fmt: skip
+    (tmp_path / "message").touch()
     with processes() as procs:
         done = run_ranks(procs, args)
     assert done[1].returncode == -9, explain(done)
@@ -190,7 +201,7 @@ def test_a_peer_killed_after_its_last_step_makes_the_survivor_retry_at_the_final
     assert "step=4/4" in done[0].stdout, explain(done)
     assert "ddp_trainer: retryable:" in done[0].stderr
     assert "Traceback" not in done[0].stderr and "terminate called" not in done[0].stderr
-    assert (tmp_path / "message-0").read_text().startswith("lost a peer or a collective timed out: ")
+    assert (tmp_path / "message").read_text().startswith("lost a peer or a collective timed out: ")
 
 
 def test_sigterm_during_a_blocked_collective_exits_with_143_and_leaves_only_complete_checkpoints(

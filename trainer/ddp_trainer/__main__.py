@@ -19,8 +19,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _leave_message(path: str, text: str) -> None:
-    """One line where whoever started us looks after we exit (Kubernetes: the termination message)."""
-    if not path:
+    """One line where whoever started us looks after we exit (Kubernetes: the termination message).
+
+    Only into a file that exists: the container runtime makes it (the kubelet mounts one per container),
+    so a run outside a container never creates /dev/termination-log on its host.
+    """
+    if not path or not os.path.isfile(path):
         return
     try:
         with open(path, "w") as f:

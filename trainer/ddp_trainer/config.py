@@ -225,8 +225,8 @@ class ObserveConfig(_Section):
     termination_message_path: str = field(
         default="",
         metadata=doc(
-            "At exit, write one line here: the run's JSON summary (final step, samples, mean step time, "
-            "samples/s) on success, the one-line error otherwise; empty: no file.",
+            "At exit, write one line into this file if it exists (the kubelet makes it): the run's JSON summary "
+            "(final step, samples, mean step time, samples/s) on success, the one-line error otherwise; empty: none.",
             env=MESSAGE_PATH_ENV,
         ),
     )
