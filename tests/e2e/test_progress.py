@@ -124,12 +124,18 @@ def test_ddpjob_report_writes_pngs_of_step_time_phases_and_throughput(
     jobs.wait_running("rep", 240)
     wait_for("a few steps in Prometheus", lambda: prometheus.query(
         f'ddp_step{{namespace="{namespace}", ddpjob="rep"}} > 20'), 120, interval=2)  # fmt: skip
-    time.sleep(10)  # a few more scrapes, for rates over time
 
-    now = time.time()
-    span = report.Span(start=now - 120, end=now, finished=False)
-    data = report.from_prometheus(prometheus.url, namespace, "rep", span)
-    _check_figures(report.figures(data), tmp_path / "prom", "rep")
+    def over_time() -> tuple[report.ReportData, dict[str, Any]] | None:
+        """The report once its rate windows (4 scrapes at least) hold two points per rank: a slow start is no bug."""
+        now = time.time()
+        data = report.from_prometheus(prometheus.url, namespace, "rep", report.Span(start=now - 120, end=now,
+                                                                                     finished=False))  # fmt: skip
+        figs = report.figures(data)
+        lines = figs["step-time"].axes[0].get_lines()
+        return (data, figs) if len(lines) == 2 and all(len(line.get_xdata()) >= 2 for line in lines) else None
+
+    data, figs = wait_for("two points per rank in the report's step-time plot", over_time, 120, interval=5)
+    _check_figures(figs, tmp_path / "prom", "rep")
     assert data.phases["1"]["forward"] > data.phases["0"]["forward"], "rank 1 sleeps in its forward phase"
 
     env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
