@@ -13,7 +13,8 @@ import sys
 import threading
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either end closes, then shut both down."""
     try:
         while data := src.recv(65536):
             dst.sendall(data)
@@ -34,8 +35,8 @@ def _serve(conn: socket.socket, target_port: int) -> None:
         conn.close()
         return
     upstream.settimeout(None)
-    threading.Thread(target=_pump, args=(upstream, conn), daemon=True).start()
-    _pump(conn, upstream)
+    threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
+    pump(conn, upstream)
 
 
 def main(argv: list[str]) -> None:

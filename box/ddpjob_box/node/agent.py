@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ddpjob_box.kubenode.apiproxy import pump
 from ddpjob_box.node import podspec, provisioner, volumes
 from ddpjob_box.node.images import ImageRefused
 from ddpjob_box.node.launch import Mount, launch_argv
@@ -776,19 +777,6 @@ def _pipe_pair(conn: socket.socket, port: int) -> None:
     except OSError:
         conn.close()
         return
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
     pump(conn, upstream)
