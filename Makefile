@@ -20,12 +20,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
 	@touch $@
 
-# Debian packages the box needs: Prometheus (real, scraped in tests), iproute2 and util-linux for pod namespaces,
-# containerd, runc and the CNI plugins for the node, buildah, debootstrap and umoci for the images (no crun: it
+# Debian packages the box needs: iproute2, openssl, containerd, runc and the CNI plugins for the node, buildah,
+# debootstrap and umoci for the images (no crun: it
 # fails on hybrid cgroups).
 system-packages:
 	@missing=""; \
-	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v unshare >/dev/null || missing="$$missing util-linux"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from ddpjob_box.box import Box, LocalNode
+from ddpjob_box.box import Box, shipped_images
 from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
 
 
@@ -73,27 +74,25 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def local_node(cluster: Cluster) -> LocalNode:
-    """The box's local node, started on first use; pods bound to it run as real processes."""
+def node(cluster: Cluster) -> KubeletNode:
+    """The box's node, started on first use: kubelet with containerd and runc, running the operator and
+    trainer images built from the Dockerfile (a cold session builds them first, about 8 minutes)."""
     if cluster.box is None:
-        pytest.skip("the local node exists only in the box, not in an existing cluster")
+        pytest.skip("the box's node exists only in the box, not in an existing cluster")
     try:
-        return cluster.box.start_node()
+        return cluster.box.start_node(images=shipped_images())
     except BoxError as err:
-        pytest.fail(f"the local node did not start: {err}", pytrace=False)
+        pytest.fail(f"the box's node did not start: {err}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def prometheus(cluster: Cluster, local_node: LocalNode) -> Prometheus:
-    """A real Prometheus scraping every running pod's metrics port."""
+def prometheus(cluster: Cluster, node: KubeletNode) -> Prometheus:
+    """A real Prometheus finding the training pods through the apiserver (kubernetes_sd_configs)."""
     assert cluster.box is not None
-    if cluster.box.prometheus is None:
-        cluster.box.prometheus = Prometheus(cluster.box.data_dir / "prometheus", local_node.targets_file)
-        try:
-            cluster.box.prometheus.start()
-        except BoxError as err:
-            pytest.fail(f"prometheus did not start: {err}", pytrace=False)
-    return cluster.box.prometheus
+    try:
+        return cluster.box.start_prometheus()
+    except BoxError as err:
+        pytest.fail(f"prometheus did not start: {err}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +128,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that need no node run first: once the local node is up, it would run the pods that cluster
+    """Tests that need no node run first: once the box's node is up, it would run the pods that cluster
     tests drive by hand. A stable sort keeps every other order as collected."""
-    items.sort(key=lambda item: "local_node" in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: "node" in getattr(item, "fixturenames", ()))

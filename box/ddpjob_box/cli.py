@@ -29,13 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--node",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also start the local node (pods run as processes; needs root) and Prometheus",
-    )
-    up.add_argument(
-        "--kubelet-node",
-        action="store_true",
-        help="also start a real node: kubelet with containerd, runc, a CNI bridge, CoreDNS and kube-proxy "
-        "(needs root; runs the local base image)",
+        help="also start the node (kubelet with containerd, runc, a CNI bridge, CoreDNS and kube-proxy, running "
+        "the images built from the Dockerfile; needs root) and Prometheus",
     )
 
 
@@ -59,11 +54,10 @@ def run(args: argparse.Namespace) -> int:
             plane = box.plane
             assert plane is not None
             print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
+            if box.node is not None:
+                print(f"node {box.node.name} Ready; it runs {', '.join(box.node.images)}", flush=True)
             if box.prometheus is not None:
-                print(f"local node running pods; Prometheus at {box.prometheus.url}", flush=True)
-            if args.kubelet_node:
-                node = box.start_kubelet_node()
-                print(f"kubelet node {node.name} Ready; it runs {', '.join(node.images)}", flush=True)
+                print(f"Prometheus at {box.prometheus.url}", flush=True)
             print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)
             wait_forever(plane)
         except BoxError as err:

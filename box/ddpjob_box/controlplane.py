@@ -59,11 +59,9 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
         )
     if data_dir.exists():
         from ddpjob_box.kubenode.node import RECORD, recover
-        from ddpjob_box.node.teardown import teardown_recorded
 
-        teardown_recorded(data_dir / "node")  # a killed run's bridge and namespaces go with its data
         for record in data_dir.glob(f"*/{RECORD}"):
-            recover(record.parent)  # and a killed kubelet node's pods, shims, mounts, cgroups and chains
+            recover(record.parent)  # a killed node's pods, shims, mounts, cgroups, bridge and chains
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True)
     lock.write_text(f"{os.getpid()} {_process_start_time(os.getpid())}\n")

@@ -33,6 +33,8 @@ class GoBuild:
     key: str
     packages: dict[str, str]
     ldflags: str = "-s -w"
+    # Go build tags, e.g. to leave out the parts of a command the box does not use
+    tags: str = ""
 
     def bin_dir(self) -> Path:
         return cache_dir() / "bin" / self.key
@@ -107,6 +109,23 @@ def coredns_build() -> GoBuild:
     )
 
 
+def prometheus_build() -> GoBuild:
+    """Prometheus with only its kubernetes service discovery (Debian's package leaves that one out)."""
+    prometheus = _required_version("prometheus", "github.com/prometheus/prometheus")
+    # Module v0.316.0 is Prometheus 3.16.0.
+    release = re.sub(r"^v0\.(\d)(\d\d)\.", lambda m: f"{m.group(1)}.{int(m.group(2))}.", prometheus)
+    return GoBuild(
+        module_dir="prometheus",
+        key=f"prometheus-{prometheus}",
+        packages={
+            "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+            "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+        },
+        ldflags=f"-s -w -X github.com/prometheus/common/version.Version={release.lstrip('v')}",
+        tags="remove_all_sd,enable_kubernetes_sd",
+    )
+
+
 def _go() -> str:
     go = shutil.which("go")
     if go is None:
@@ -157,7 +176,8 @@ def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
     if not quiet:
         print(f"building {', '.join(missing)} into {bin_dir} (cold builds take several minutes)", flush=True)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-    cmd = [go, "build", "-trimpath", "-ldflags", build.ldflags, "-o", str(staging) + "/", *missing.values()]
+    tags = ["-tags", build.tags] if build.tags else []
+    cmd = [go, "build", "-trimpath", *tags, "-ldflags", build.ldflags, "-o", str(staging) + "/", *missing.values()]
     proc = subprocess.run(cmd, cwd=TOOLS_DIR / build.module_dir, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stderr[-4000:])
@@ -170,19 +190,13 @@ def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
     return paths
 
 
-def find_prometheus() -> Path:
-    path = shutil.which("prometheus") or "/usr/bin/prometheus"
-    if not Path(path).exists():
-        raise BoxError("prometheus is missing: run 'apt-get install -y prometheus' (or 'make setup')")
-    return Path(path)
-
-
 def main() -> None:
     """Build everything the box needs: ``python -m ddpjob_box.toolchain``."""
     import sys
 
     try:
-        for build in (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build()):
+        builds = (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build(), prometheus_build())
+        for build in builds:
             paths = ensure(build)
             print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
     except BoxError as err:

@@ -51,14 +51,14 @@ def node(cluster: Cluster) -> Iterator[KubeletNode]:
     box = cluster.box
     started = time.monotonic()
     try:
-        node = box.start_kubelet_node(taints=(TAINT,))
+        node = box.start_node(taints=(TAINT,))
     except BoxError as err:
         pytest.fail(f"the kubelet node did not start: {err}", pytrace=False)
     print(f"kubelet node Ready {time.monotonic() - started:.1f}s after start")
     try:
         yield node
     finally:
-        box.stop_kubelet_node()
+        box.stop_node()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from ddpjob_box import images
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.node import KubeletNode
-from ddpjob_box.node.network import pick_subnet
+from ddpjob_box.kubenode.subnet import pick_subnet
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl
 
@@ -39,7 +39,7 @@ def start_two_nodes(cluster: Cluster, extra_images: Sequence[str] = ()) -> Itera
     second: KubeletNode | None = None
     try:
         started = time.monotonic()
-        first = box.start_kubelet_node(images=list(extra_images), taints=(TAINT,))
+        first = box.start_node(images=list(extra_images), taints=(TAINT,))
         print(f"first node Ready {time.monotonic() - started:.1f}s after start")
         second = KubeletNode(
             plane=box.plane,
@@ -59,13 +59,13 @@ def start_two_nodes(cluster: Cluster, extra_images: Sequence[str] = ()) -> Itera
     except BoxError as err:
         if second:
             second.stop()
-        box.stop_kubelet_node()
+        box.stop_node()
         pytest.fail(f"a kubelet node did not start: {err}", pytrace=False)
     try:
         yield first, second
     finally:
         second.stop()
-        box.stop_kubelet_node()
+        box.stop_node()
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_stopping_the_first_node_before_the_second_leaves_the_host_as_the_first_
     before = first.before
     assert before is not None and cluster.box is not None
     # Not the reverse order: the host-wide state must wait for the second node, which still needs it.
-    cluster.box.stop_kubelet_node()
+    cluster.box.stop_node()
     assert hoststate.snapshot(second.directory, second.bridge).sysctls["vm.overcommit_memory"] == "1"
     assert second.ready()
     second.stop()

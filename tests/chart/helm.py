@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,10 +54,8 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.Comp
 
 
 def promtool() -> str:
-    found = shutil.which("promtool") or "/usr/bin/promtool"
-    if not Path(found).exists():
-        pytest.fail("promtool is missing: apt-get install prometheus (it ships promtool), or make setup", pytrace=False)
-    return found
+    """promtool of the same build as the box's Prometheus (tools/prometheus)."""
+    return str(toolchain.ensure(toolchain.prometheus_build())["promtool"])
 
 
 def template(*args: str, release: str = "ddpjob", namespace: str = "ddpjob-system") -> list[dict[str, Any]]:

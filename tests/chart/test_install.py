@@ -1,7 +1,8 @@
 """helm install into the box, in a namespace that enforces Pod Security `restricted`: the operator runs
-as a pod under the chart's ServiceAccount, reconciles the CPU example to Succeeded, every dashboard
-panel's PromQL returns data from the box's Prometheus while it trains, and helm uninstall leaves only
-the CRD (and the jobs it holds)."""
+from the image built from the Dockerfile, as a pod under the chart's ServiceAccount (UID 10001, read-only
+root, kubelet probing its /healthz), reconciles the CPU example to Succeeded with both ranks from the
+trainer image, every dashboard panel's PromQL returns data from the box's Prometheus while it trains,
+and helm uninstall leaves only the CRD (and the jobs it holds)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ddpjob_box.box import LocalNode
+from ddpjob_box import images
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
 from tests.chart.helm import CHART, DASHBOARD, REPO, helm, label_selector, one, template
 from tests.conftest import Cluster
+from tests.e2e.conftest import Kubectl
 from tests.e2e.kube import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +63,7 @@ class Release:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, api_client: Any, local_node: LocalNode) -> Iterator[Release]:
+def release(cluster: Cluster, api_client: Any, node: KubeletNode) -> Iterator[Release]:
     """The chart installed with its defaults (plus the dashboard ConfigMap) into a fresh restricted namespace."""
     core = client.CoreV1Api(api_client)
     ext = client.ApiextensionsV1Api(api_client)
@@ -91,27 +94,26 @@ def release(cluster: Cluster, api_client: Any, local_node: LocalNode) -> Iterato
         core.delete_namespace(namespace, propagation_policy="Background")
 
 
-def _operator_log(release: Release, node: LocalNode) -> str:
+def _operator_log(release: Release) -> str:
     pod = release.operator_pod()
-    path = node.pod_dir(pod.metadata.uid) / "c-operator" / "log" if pod else None
-    return path.read_text(errors="replace") if path and path.exists() else ""
+    return str(release.core.read_namespaced_pod_log(pod.metadata.name, release.namespace)) if pod else ""
 
 
-def _diagnosis(release: Release, node: LocalNode) -> str:
+def _diagnosis(release: Release) -> str:
     """What a failed wait shows: the jobs' status, the pods' phases and the operator's log tail."""
     jobs = release.custom.list_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL)["items"]
     pods = release.core.list_namespaced_pod(release.namespace).items
     lines = [f"job {j['metadata']['name']}: {json.dumps(j.get('status'))}" for j in jobs]
     lines += [f"pod {p.metadata.name}: {p.status.phase}" for p in pods]
-    log = _operator_log(release, node)
+    log = _operator_log(release)
     return "\n".join([*lines, "operator log (tail):", *log.splitlines()[-40:]])
 
 
-def _wait(release: Release, node: LocalNode, what: str, probe: Any, timeout: float) -> Any:
+def _wait(release: Release, what: str, probe: Any, timeout: float) -> Any:
     try:
         return wait_for(what, probe, timeout, interval=1)
     except pytest.fail.Exception as failed:
-        pytest.fail(f"{failed}\n{_diagnosis(release, node)}", pytrace=False)
+        pytest.fail(f"{failed}\n{_diagnosis(release)}", pytrace=False)
 
 
 def _substitute(expr: str, namespace: str, job: str) -> str:
@@ -128,7 +130,7 @@ def _finite(result: list[dict[str, Any]]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def training(release: Release, local_node: LocalNode, prometheus: Prometheus) -> Release:
+def training(release: Release, prometheus: Prometheus) -> Release:
     """Apply the CPU example (longer, and lingering), query every panel while it trains, wait for the end."""
     docs = [d for d in yaml.safe_load_all((REPO / "manifests" / "cpu-ddp.yaml").read_text()) if d]
     claim = one(docs, "PersistentVolumeClaim")
@@ -148,7 +150,7 @@ def training(release: Release, local_node: LocalNode, prometheus: Prometheus) ->
         assert phase != "Failed", release.job(name)["status"]
         return phase == "Running"
 
-    _wait(release, local_node, f"{name} to be Running", running, 240)
+    _wait(release, f"{name} to be Running", running, 240)
     policy = one(template(namespace=release.namespace), "NetworkPolicy")
     selected = release.core.list_namespaced_pod(
         release.namespace, label_selector=label_selector(policy["spec"]["podSelector"])
@@ -160,7 +162,7 @@ def training(release: Release, local_node: LocalNode, prometheus: Prometheus) ->
         found = prometheus.query(f'ddp_steps_total{{namespace="{release.namespace}", ddpjob="{name}"}}')
         return len(found) == 2 and all(float(s["value"][1]) >= STEPS // 4 for s in found)
 
-    _wait(release, local_node, "both ranks a quarter through, in Prometheus", halfway, 300)
+    _wait(release, "both ranks a quarter through, in Prometheus", halfway, 300)
     panels = [(p["title"], t["expr"]) for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
     seen["panels"] = []
     deadline = time.monotonic() + 30  # a panel may need one more scrape; never more than the linger
@@ -176,9 +178,10 @@ def training(release: Release, local_node: LocalNode, prometheus: Prometheus) ->
         phase = (release.job(name).get("status") or {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    seen["phase"] = _wait(release, local_node, f"{name} to finish", finished, 300)
+    seen["phase"] = _wait(release, f"{name} to finish", finished, 300)
     seen["status"] = release.job(name)["status"]
-    seen["operator_log"] = _operator_log(release, local_node)
+    seen["operator_log"] = _operator_log(release)
+    seen["images"] = {p.metadata.name: [c.image for c in p.spec.containers] for p in _pods(release, name)}
     return release
 
 
@@ -197,27 +200,48 @@ def test_helm_install_creates_the_crd_the_rbac_and_the_operator_deployment(relea
     assert f"The operator watches: {release.namespace}" in release.notes
 
 
-def test_the_operator_runs_as_a_pod_under_the_charts_service_account_in_a_restricted_namespace(
-    release: Release, local_node: LocalNode
+def _pods(release: Release, job: str) -> list[Any]:
+    selector = f"ddpjob.dev/job-name={job}"
+    return list(release.core.list_namespaced_pod(release.namespace, label_selector=selector).items)
+
+
+def test_the_operator_runs_from_the_built_image_as_uid_10001_on_a_read_only_root_in_a_restricted_namespace(
+    release: Release,
 ) -> None:
+    kubectl = Kubectl(release.kubeconfig)
     pod = release.operator_pod()
-    assert pod is not None, "the Deployment's pod runs on the local node"
+    assert pod is not None, "the Deployment's pod runs on the box's node"
     namespace = release.core.read_namespace(release.namespace)
     assert namespace.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
     assert pod.spec.service_account_name == RELEASE
-    container = local_node.pod_dir(pod.metadata.uid) / "c-operator"
-    env = json.loads((container / "env.json").read_text())
-    if env.get("KUBECONFIG"):  # the local node's kubeconfig for the pod's own token, never the admin's
-        token_dir = Path(env["KUBECONFIG"]).parent
-        volume = next(m.name for m in pod.spec.containers[0].volume_mounts if m.mount_path == str(token_dir))
-        on_node = local_node.pod_dir(pod.metadata.uid) / "volumes" / volume
-        users = json.loads((on_node / Path(env["KUBECONFIG"]).name).read_text())["users"]
-        assert [u["user"] for u in users] == [{"token": (on_node / "token").read_text()}]
-    argv = json.loads((container / "argv.json").read_text())
-    command = ["ddpjob", "operator", f"--namespace={release.namespace}"]
-    assert any(argv[i : i + 3] == command for i in range(len(argv))), argv
-    mounts = [m.mount_path for m in pod.spec.containers[0].volume_mounts]
+    (container,) = pod.spec.containers
+    assert container.image == images.image_name("operator") and container.args[0] == f"--namespace={release.namespace}"
+    (status,) = pod.status.container_statuses
+    assert status.image_id.startswith("sha256:"), "kubelet ran the image the box built and imported"
+    ns, name = release.namespace, pod.metadata.name
+    assert kubectl("exec", "-n", ns, name, "--", "id", "-u").stdout.split() == ["10001"]
+    write = kubectl("exec", "-n", ns, name, "--", "touch", "/probe", check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
+    log = kubectl("logs", "-n", ns, name).stdout
+    assert "ddpjob operator" in log.lower() or "kopf" in log.lower(), log[-2000:]
+    mounts = [m.mount_path for m in container.volume_mounts]
     assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+
+
+def test_kubelets_liveness_probe_of_the_operator_passes(release: Release) -> None:
+    pod = release.operator_pod()
+    probe = pod.spec.containers[0].liveness_probe
+    assert probe.http_get.path == "/healthz"
+    # Past the first probes: kubelet would have restarted the container after failureThreshold misses.
+    wait = probe.initial_delay_seconds + probe.period_seconds * (probe.failure_threshold + 1)
+    time.sleep(max(0, wait - (time.time() - pod.status.start_time.timestamp())))
+    pod = release.operator_pod()
+    (status,) = pod.status.container_statuses
+    assert status.ready and status.restart_count == 0, status
+    events = release.core.list_namespaced_event(
+        release.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
+    )
+    assert [e.message for e in events.items if e.reason == "Unhealthy"] == []
 
 
 def test_the_operator_reconciles_the_cpu_example_to_succeeded_under_the_charts_rbac(training: Release) -> None:
@@ -227,6 +251,8 @@ def test_the_operator_reconciles_the_cpu_example_to_succeeded_under_the_charts_r
     assert seen["phase"] == "Succeeded", seen["status"]
     assert seen["status"]["replicas"]["succeeded"] == 2
     assert seen["status"].get("restarts", 0) == 0
+    trainer = images.image_name("trainer")
+    assert seen["images"] == {f"{seen['job']}-{r}": [trainer] for r in (0, 1)}, "both ranks from the trainer image"
 
 
 def test_every_dashboard_panel_returns_data_from_prometheus_while_the_job_trains(training: Release) -> None:
@@ -244,9 +270,7 @@ def test_the_network_policy_selects_exactly_the_jobs_pods(training: Release) -> 
     assert any(name.startswith(RELEASE) for name in training.seen["pods"]), "the operator pod is left out"
 
 
-def test_helm_uninstall_removes_everything_but_the_crd_and_the_jobs_it_holds(
-    training: Release, local_node: LocalNode
-) -> None:
+def test_helm_uninstall_removes_everything_but_the_crd_and_the_jobs_it_holds(training: Release) -> None:
     release = training
     release.helm("uninstall", RELEASE, "--wait", "--timeout=2m")
     selector = f"app.kubernetes.io/instance={RELEASE}"

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ddpjob_box import toolchain
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.operator_process import OperatorProcess
 from tests.conftest import Cluster
 
@@ -41,7 +42,7 @@ def kubectl(cluster: Cluster) -> Kubectl:
 
 @pytest.fixture
 def operator(
-    cluster: Cluster, kubectl: Kubectl, local_node: Any, namespace: str, tmp_path: Path
+    cluster: Cluster, kubectl: Kubectl, node: KubeletNode, namespace: str, api_client: Any, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     op = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", namespaces=[namespace])
     try:
@@ -49,7 +50,19 @@ def operator(
     finally:
         op.stop()
         print(f"--- operator log:\n{op.log()[-4000:]}")
-        for log in sorted(local_node.state_dir.glob("pods/*/*/log")):
-            meta = log.parent.parent / "meta.json"
-            if meta.exists() and f'"namespace": "{namespace}"' in meta.read_text():
-                print(f"--- {meta.read_text()[:160]} {log.parent.name}:\n{log.read_text(errors='replace')[-1500:]}")
+        print_pod_logs(api_client, namespace)
+
+
+def print_pod_logs(api_client: Any, namespace: str) -> None:
+    """Every container's log tail in ``namespace``, for the report of a failed test."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(api_client)
+    for pod in core.list_namespaced_pod(namespace).items:
+        for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
+            try:
+                log = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=container.name)
+            except ApiException as err:
+                log = f"(no log: {err.reason})"
+            print(f"--- {pod.metadata.name}/{container.name} ({pod.status.phase}):\n{log[-1500:]}")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-TRAINER_IMAGE = "ghcr.io/ddpjob/trainer:dev"
+from ddpjob_box import images
+
+# The name the manifests use, under which the box's node holds the image built from the Dockerfile.
+TRAINER_IMAGE = images.image_name("trainer")
 
 
 def cpu_job(name: str, *, args: list[str] | None = None, replicas: int = 2, **spec: Any) -> dict[str, Any]:

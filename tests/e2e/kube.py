@@ -1,4 +1,4 @@
-"""Small helpers for end-to-end tests: waiting on pods and reading what the local node ran."""
+"""Small helpers for end-to-end tests: waiting on pods, reading their logs, finding their processes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
+
+from ddpjob_box import images
+from ddpjob_box.kubenode.node import KubeletNode
 
 T = TypeVar("T")
 
@@ -33,7 +36,7 @@ def pod_phase(core: Any, name: str, namespace: str) -> str | None:
 
 def python_pod(name: str, code: str, **spec: Any) -> dict[str, Any]:
     """A pod of the project's trainer image running a Python snippet; ``spec`` merges into the pod spec."""
-    container = {"name": "main", "image": "ghcr.io/ddpjob/trainer:dev", "command": ["python", "-c", code]}
+    container = {"name": "main", "image": images.image_name("trainer"), "command": ["python", "-c", code]}
     container.update(spec.pop("container", {}))
     return {
         "metadata": {"name": name, "labels": spec.pop("labels", {})},
@@ -76,6 +79,20 @@ class Jobs:
 
     def pod(self, name: str) -> Any:
         return self.core.read_namespaced_pod(name, self.ns)
+
+    def log(self, pod: str, container: str = "trainer") -> str:
+        """What the container printed, as ``kubectl logs`` shows it (kubelet's log, through the apiserver)."""
+        return str(self.core.read_namespaced_pod_log(pod, self.ns, container=container))
+
+    def pid(self, node: KubeletNode, pod: str, container: str = "trainer") -> int:
+        """The host PID of a pod's running container, to signal it from outside as a fault would."""
+
+        def running_id() -> str | None:
+            statuses = self.pod(pod).status.container_statuses or []
+            found = [s for s in statuses if s.name == container and s.state.running and s.container_id]
+            return str(found[0].container_id) if found else None
+
+        return node.container_pid(wait_for(f"{pod}'s {container} container to run", running_id, 120))
 
     def wait_running(self, name: str, timeout: float) -> dict[str, Any]:
         """Running, which the operator reports only once every rank joined the process group."""

@@ -1,5 +1,6 @@
-"""The whole user path in the box: kubectl apply a DDPJob, the operator makes pods, the local node runs
-real DDP training over the headless Service's DNS names, and Prometheus scrapes every rank."""
+"""The whole user path in the box: kubectl apply a DDPJob, the operator makes pods, kubelet runs them
+from the trainer image built from the Dockerfile, real DDP training meets over the headless Service's
+DNS names (CoreDNS), and Prometheus finds and scrapes every rank through the apiserver."""
 
 from __future__ import annotations
 
@@ -13,24 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpjob_box.box import LocalNode
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
 from tests.e2e.kube import Jobs, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def _trainer_log(node: LocalNode, pod: Any) -> str:
-    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "log"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _trainer_pid(node: LocalNode, pod: Any) -> int:
-    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "pid"
-    wait_for(f"{pod.metadata.name}'s trainer process", path.exists, 60)
-    return int(path.read_text().split()[0])
 
 
 def _steps_done(pod: Any) -> float:
@@ -50,7 +40,7 @@ def jobs(api_client: Any, namespace: str, operator: OperatorProcess) -> Jobs:
 
 
 def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
-    jobs: Jobs, kubectl: Kubectl, namespace: str, local_node: LocalNode, prometheus: Prometheus
+    jobs: Jobs, kubectl: Kubectl, namespace: str, node: KubeletNode, prometheus: Prometheus
 ) -> None:
     manifest = REPO / "manifests" / "cpu-ddp.yaml"
     job = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "DDPJob")
@@ -64,7 +54,7 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
         pod = jobs.pod(f"{name}-{rank}")
         env = {e.name: e.value for e in pod.spec.containers[0].env}
         assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"]) == ("2", str(rank), f"{name}-0.{name}")
-    assert "world size 2, backend gloo" in _trainer_log(local_node, jobs.pod(f"{name}-0"))
+    assert "world size 2, backend gloo" in jobs.log(f"{name}-0")
 
     def series() -> list[dict[str, Any]] | None:
         found = prometheus.query(f'max_over_time(ddp_steps_total{{namespace="{namespace}", ddpjob="{name}"}}[15m])')
@@ -76,7 +66,7 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
 
 
 def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
-    jobs: Jobs, namespace: str, local_node: LocalNode
+    jobs: Jobs, namespace: str, node: KubeletNode
 ) -> None:
     jobs.core.create_namespaced_persistent_volume_claim(
         namespace,
@@ -101,7 +91,7 @@ def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
     jobs.wait_phase("resume", "Running", 180)
     first = jobs.pod("resume-1")
     wait_for("rank 1 to pass a checkpoint", lambda: _steps_done(first) >= 45, 300, interval=1)
-    os.kill(_trainer_pid(local_node, first), signal.SIGKILL)
+    os.kill(jobs.pid(node, "resume-1"), signal.SIGKILL)
 
     def second_attempt() -> Any:
         pod = jobs.pod("resume-0") if _exists(jobs, "resume-0") else None
@@ -110,7 +100,7 @@ def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
     wait_for("the gang to come back as the next attempt", second_attempt, 180, interval=1)
     status = jobs.wait_phase("resume", "Succeeded", 600)
     assert status["restarts"] == 1
-    log = _trainer_log(local_node, jobs.pod("resume-0"))
+    log = jobs.log("resume-0")
     resumed = re.search(r"resum\w* .*?step[= ](\d+)", log, re.IGNORECASE)
     assert resumed and int(resumed.group(1)) >= 40, f"attempt 2 resumed from a checkpoint, not step 0:\n{log[:2000]}"
     assert "step=400/400" in log
@@ -120,14 +110,14 @@ def _exists(jobs: Jobs, pod: str) -> bool:
     return pod in [p.metadata.name for p in jobs.core.list_namespaced_pod(jobs.ns).items]
 
 
-def test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s(jobs: Jobs, local_node: LocalNode) -> None:
+def test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s(jobs: Jobs, node: KubeletNode) -> None:
     timeout = 20
     args = ["--steps", "100000", "--pg-timeout-seconds", str(timeout)]
     jobs.create(cpu_job("hang", args=args, runPolicy={"backoffLimit": 1}))
     jobs.wait_phase("hang", "Running", 180)
     victim = jobs.pod("hang-1")
     wait_for("training to start", lambda: _steps_done(victim) >= 3, 180, interval=1)
-    os.kill(_trainer_pid(local_node, victim), signal.SIGSTOP)
+    os.kill(jobs.pid(node, "hang-1"), signal.SIGSTOP)
     stopped_at = time.monotonic()
     wait_for("the gang restart", lambda: jobs.status("hang").get("restarts", 0) >= 1, timeout + 30, interval=1)
     assert time.monotonic() - stopped_at <= timeout + 30

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from ddpjob_box.box import LocalNode
+from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import SCRAPE_SECONDS, Prometheus
 from ddpjob_operator import report
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
@@ -90,21 +90,15 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
     assert len(jobs.events("straggle", "StragglerRecovered")) == 1
 
 
-def _trainer_pid(node: LocalNode, pod: Any) -> int:
-    path = node.pod_dir(pod.metadata.uid) / "c-trainer" / "pid"
-    wait_for(f"{pod.metadata.name}'s trainer process", path.exists, 60)
-    return int(path.read_text().split()[0])
-
-
 def test_a_sigstopped_rank_restarts_the_gang_with_reason_no_progress_before_the_collective_timeout(
-    jobs: Jobs, local_node: LocalNode
+    jobs: Jobs, node: KubeletNode
 ) -> None:
     args = ["--steps", "100000", "--pg-timeout-seconds", str(PG_TIMEOUT)]
     jobs.create(cpu_job("hang", args=args, progressDeadlineSeconds=15, runPolicy={"backoffLimit": 1}))
     jobs.wait_running("hang", 240)
     wait_for("training to start", lambda: jobs.status("hang").get("progress", {}).get("step", 0) >= 3, 120)
     victim = jobs.pod("hang-1")
-    os.kill(_trainer_pid(local_node, victim), signal.SIGSTOP)
+    os.kill(jobs.pid(node, "hang-1"), signal.SIGSTOP)
     stopped_at = time.monotonic()
 
     events = wait_for("a NoProgress restart", lambda: jobs.events("hang", "NoProgress"), PG_TIMEOUT, interval=1)
@@ -158,12 +152,12 @@ def test_ddpjob_report_writes_pngs_of_step_time_phases_and_throughput(
 
 
 def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trainers_throughput(
-    jobs: Jobs, namespace: str, cluster: Any, prometheus: Prometheus, local_node: LocalNode, tmp_path: Path,
+    jobs: Jobs, namespace: str, cluster: Any, prometheus: Prometheus, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     jobs.create(cpu_job("done", args=["--steps", "500"]))
     status = jobs.wait_phase("done", "Succeeded", 600)
-    measured = _summary_samples_per_second(local_node, jobs.pod("done-0"))
+    measured = _summary_samples_per_second(jobs.log("done-0"))
 
     body = jobs.custom.get_namespaced_custom_object("ddpjob.dev", "v1alpha1", namespace, "ddpjobs", "done")
     span = report.run_span(body, time.time())
@@ -202,9 +196,8 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s")
 
 
-def _summary_samples_per_second(node: LocalNode, pod: Any) -> float:
+def _summary_samples_per_second(log: str) -> float:
     """The img/s column of the summary table rank 0 printed at the end of its run."""
-    log = (node.pod_dir(pod.metadata.uid) / "c-trainer" / "log").read_text(errors="replace")
     header = next(line for line in log.splitlines() if "| model | world |" in line)
     row = log.splitlines()[log.splitlines().index(header) + 2]
     columns = [c.strip() for c in header.split("|")]

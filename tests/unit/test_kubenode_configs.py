@@ -21,7 +21,7 @@ from ddpjob_box.kubenode.configs import (
     kubelet_configuration,
 )
 
-LAYOUT = NodeLayout(Path("/data/box/kubenode"))
+LAYOUT = NodeLayout(Path("/data/box/kubenode"), Path("/cache/node-stores/0"))
 SUBNET = ipaddress.IPv4Network("10.244.7.0/24")
 
 
@@ -30,7 +30,8 @@ def test_containerd_config_is_valid_toml_with_what_this_machine_needs() -> None:
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     runc = cri["containerd"]["runtimes"]["runc"]
     assert config["version"] == 2
-    assert config["root"].startswith("/data/box/kubenode/") and config["state"].startswith("/data/box/kubenode/")
+    # the image store is leased from the cache; everything else is the node's own
+    assert config["root"] == "/cache/node-stores/0" and config["state"].startswith("/data/box/kubenode/")
     assert config["grpc"]["address"] == str(LAYOUT.containerd_socket)
     # root lacks CAP_SYS_RESOURCE: without this every sandbox fails
     assert cri["restrict_oom_score_adj"] is True
@@ -43,7 +44,7 @@ def test_containerd_config_is_valid_toml_with_what_this_machine_needs() -> None:
 
 
 def test_containerd_sockets_fit_a_unix_socket_address_whatever_the_data_dir() -> None:
-    deep = NodeLayout(Path("/tmp/" + "x" * 200))
+    deep = NodeLayout(Path("/tmp/" + "x" * 200), Path("/cache/node-stores/0"))
     assert len(str(deep.containerd_socket)) < 108
     assert deep.socket_dir != LAYOUT.socket_dir
 

@@ -23,13 +23,11 @@ CLUSTER_DOMAIN = "cluster.local"
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Where one node keeps everything, under its own directory."""
+    """Where one node keeps everything: under its own directory, but for containerd's image store, which is
+    leased from a cache that outlives the node (``kubenode.store``)."""
 
     root: Path
-
-    @property
-    def containerd_root(self) -> Path:
-        return self.root / "containerd" / "root"
+    containerd_root: Path
 
     @property
     def containerd_state(self) -> Path:

@@ -29,7 +29,7 @@ from typing import Any
 from ddpjob_box import toolchain
 from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
 from ddpjob_box.errors import BoxError
-from ddpjob_box.kubenode import hoststate
+from ddpjob_box.kubenode import hoststate, store
 from ddpjob_box.kubenode.configs import (
     KUBELET_SOCKET,
     SOCKETS_ROOT,
@@ -53,6 +53,8 @@ RECORD = "node-record.json"
 # The host as the first of several nodes found it, restored by the last to stop.
 HOST_RECORD = SOCKETS_ROOT / "host-before.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+# The containerd namespace of the CRI plugin, where kubelet's pods and the imported images live.
+CONTAINERD_NAMESPACE = "k8s.io"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], object]
 
@@ -78,12 +80,14 @@ class KubeletNode:
     containerd: Component | None = None
     kubelet: Component | None = None
     before: hoststate.HostState | None = None
+    # containerd's image store, leased from the cache while the node runs (kubenode.store)
+    lease: store.StoreLease | None = None
     # What restore could not undo at the last stop; empty when the host is as it was.
     leftovers: list[str] = field(default_factory=list)
 
     @property
     def layout(self) -> NodeLayout:
-        return NodeLayout(self.directory)
+        return NodeLayout(self.directory, self.lease.path if self.lease else self.directory / "containerd" / "root")
 
     @property
     def cgroup_root(self) -> str:
@@ -112,9 +116,17 @@ class KubeletNode:
             bins |= toolchain.ensure(toolchain.coredns_build())
         self.directory.mkdir(parents=True, exist_ok=True)
         self.before = hoststate.snapshot(self.directory, self.bridge)
+        self.lease = store.lease()
         # Written before anything changes the host, so a box killed outright can still be undone (recover).
         (self.directory / RECORD).write_text(
-            json.dumps({"bridge": self.bridge, "cgroup_root": self.cgroup_root, "before": asdict(self.before)})
+            json.dumps(
+                {
+                    "bridge": self.bridge,
+                    "cgroup_root": self.cgroup_root,
+                    "store": str(self.lease.path),
+                    "before": asdict(self.before),
+                }
+            )
         )
         if not live_nodes(self.layout) or not HOST_RECORD.exists():
             # the first node on the host keeps the host's state for the last one to stop
@@ -325,8 +337,13 @@ class KubeletNode:
             self._forget()
         if self.before is not None:
             kill_pods(self.before, self.layout.containerd_socket)
+        # The store keeps images for the next node; containers only if they could not all be removed.
+        clean = self.containerd is not None and remove_containers(self.layout.containerd_socket)
         if self.containerd:
             self.containerd.stop()
+        if self.lease:
+            self.lease.release(clean=clean)
+            self.lease = None
         if self.coredns:
             self.coredns.stop()
         if self.before is not None:
@@ -335,6 +352,19 @@ class KubeletNode:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
             (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a running container's first process, found by its cgroup under this node's root;
+        ``container_id`` is a pod status's ``containerID`` (``containerd://<id>``). Tests signal it from
+        outside, as an OOM killer or a hung driver would: inside its PID namespace it is PID 1, which
+        ignores SIGKILL and SIGSTOP from its own namespace."""
+        ident = container_id.split("://")[-1]
+        pids = hoststate.CGROUP_ROOT / "pids" / self.cgroup_root.lstrip("/")
+        for path in pids.glob(f"kubepods*/**/{ident}"):
+            procs = _cgroup_pids(path)
+            if procs:
+                return min(procs)
+        raise BoxError(f"no process of container {ident} under {pids}: is it running?")
 
     def log_tails(self) -> str:
         return "\n".join(
@@ -352,7 +382,8 @@ def recover(directory: Path) -> bool:
         return False
     data = json.loads(record.read_text())
     before = hoststate.HostState(**data["before"])
-    layout = NodeLayout(directory)
+    # The store keeps its .in-use mark (its containers were never removed): the next lease starts it afresh.
+    layout = NodeLayout(directory, Path(data.get("store", directory / "containerd" / "root")))
     kill_pods(before, layout.containerd_socket)
     _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))
     record.unlink()
@@ -377,6 +408,29 @@ def kill_pods(before: hoststate.HostState, socket: Path) -> None:
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def remove_containers(socket: Path) -> bool:
+    """Remove every container (pods' and sandboxes', with their snapshots) from the containerd at ``socket``,
+    whose shims are dead; True when none is left. containerd notices a dead shim a moment after it dies."""
+    ctr = shutil.which("ctr") or "ctr"
+
+    def left() -> list[str]:
+        listing = subprocess.run(
+            [ctr, "--address", str(socket), "-n", CONTAINERD_NAMESPACE, "containers", "ls", "--quiet"],
+            capture_output=True,
+            text=True,
+        )
+        return listing.stdout.split() if listing.returncode == 0 else ["(containerd did not answer)"]
+
+    deadline = time.monotonic() + 20
+    while (ids := left()) and time.monotonic() < deadline:
+        for ident in ids:
+            argv = [ctr, "--address", str(socket), "-n", CONTAINERD_NAMESPACE]
+            subprocess.run([*argv, "tasks", "delete", "--force", ident], capture_output=True)
+            subprocess.run([*argv, "containers", "delete", ident], capture_output=True)
+        time.sleep(0.2)
+    return not left()
 
 
 def live_nodes(layout: NodeLayout) -> list[Path]:

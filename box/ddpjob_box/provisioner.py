@@ -1,8 +1,12 @@
 """A dynamic provisioner for the box's default StorageClass: each claim gets a hostPath directory.
 
-It follows the external-provisioner contract: a PersistentVolume with a claimRef
-is created for each pending claim of our class, and kube-controller-manager's
-PV controller does the binding. Released volumes and their directories are removed.
+It follows the external-provisioner contract, as kind's local-path-provisioner does: a
+PersistentVolume with a claimRef is created for each pending claim of our class, and
+kube-controller-manager's PV controller does the binding. Released volumes and their directories
+are removed. A directory is writable by every UID, as local-path's are: the pods run as 10001, and
+kubelet applies no fsGroup to hostPath volumes.
+
+Run by the box as its own process: ``python -m ddpjob_box.provisioner KUBECONFIG CLAIMS_DIR``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ def provision(core: client.CoreV1Api, claims_dir: Path) -> None:
             continue
         path = claims_dir / f"{claim.metadata.namespace}-{claim.metadata.name}-{claim.metadata.uid[:8]}"
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)
         try:
             core.create_persistent_volume(persistent_volume(claim, path))
         except ApiException as err:
@@ -74,3 +79,28 @@ def provision(core: client.CoreV1Api, claims_dir: Path) -> None:
             except ApiException as err:
                 if err.status != 404:
                     raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import time
+
+    from kubernetes import config
+
+    parser = argparse.ArgumentParser(prog="python -m ddpjob_box.provisioner")
+    parser.add_argument("kubeconfig", type=Path)
+    parser.add_argument("claims_dir", type=Path)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    with config.new_client_from_config(config_file=str(args.kubeconfig)) as api:
+        core = client.CoreV1Api(api)
+        while True:
+            try:
+                provision(core, args.claims_dir)
+            except (ApiException, OSError) as err:  # the apiserver restarting, say: the next pass retries
+                print(f"provisioner: {err}", flush=True)
+            time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The node's containerd store, leased from the cache: one node per slot, images kept, a dirty store wiped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpjob_box.kubenode import store
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DDPJOB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_a_second_node_beside_the_first_gets_its_own_store() -> None:
+    first, second = store.lease(), store.lease()
+    try:
+        assert first.path != second.path
+    finally:
+        first.release(clean=True)
+        second.release(clean=True)
+
+
+def test_a_clean_release_keeps_the_images_for_the_next_node_and_drops_the_last_nodes_sandboxes() -> None:
+    first = store.lease()
+    (first.path / "io.containerd.content.v1.content").mkdir()
+    (first.path / "io.containerd.grpc.v1.cri" / "sandboxes" / "abc").mkdir(parents=True)
+    first.release(clean=True)
+    again = store.lease()
+    try:
+        assert again.path == first.path
+        assert (again.path / "io.containerd.content.v1.content").is_dir()
+        assert not (again.path / "io.containerd.grpc.v1.cri" / "sandboxes").exists()
+    finally:
+        again.release(clean=True)
+
+
+def test_a_store_whose_node_died_or_kept_containers_starts_afresh() -> None:
+    first = store.lease()
+    (first.path / "io.containerd.content.v1.content").mkdir()
+    first.release(clean=False)  # what a killed node amounts to: the lock goes with the process, the mark stays
+    again = store.lease()
+    try:
+        assert again.path == first.path
+        assert list(again.path.iterdir()) == [again.path / store.IN_USE]
+    finally:
+        again.release(clean=True)
+
+
+def test_when_every_slot_is_taken_the_error_says_what_to_stop() -> None:
+    held = [store.lease(slots=2) for _ in range(2)]
+    try:
+        with pytest.raises(store.BoxError, match="in use by running nodes; stop a box"):
+            store.lease(slots=2)
+    finally:
+        for lease in held:
+            lease.release(clean=True)
