@@ -1,8 +1,9 @@
 """``make demo``: the whole user path in the box, narrated.
 
-Starts the control plane, the local node, Prometheus and the operator; applies the CPU example
-from manifests/ with the real kubectl; shows each rank's progress live; ends with a summary
-table and the Prometheus URL. Ctrl-C at any point tears everything down.
+Starts the control plane, the node (kubelet with containerd, running the images built from the
+Dockerfile) and Prometheus; installs the operator with the chart (helm install, the built operator
+image); applies the CPU example from manifests/ with the real kubectl; shows each rank's progress
+live; ends with a summary table and the Prometheus URL. Ctrl-C at any point tears everything down.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import yaml
 from ddpjob_box import toolchain
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
-from ddpjob_box.operator_process import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "manifests" / "cpu-ddp.yaml"
-CRD = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
+CHART = REPO / "helm" / "ddpjob"
 NAMESPACE = "demo"
 
 
@@ -51,6 +51,15 @@ class Demo:
         self.box = box
         self.kubectl_bin = kubectl
         self.kubeconfig = box.plane.kubeconfig
+
+    def helm(self, *args: str) -> str:
+        helm = toolchain.ensure(toolchain.helm_build())["helm"]
+        proc = subprocess.run(
+            [str(helm), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True, timeout=600
+        )
+        if proc.returncode != 0:
+            raise BoxError(f"helm {' '.join(args[:2])} failed: {proc.stderr.strip()}")
+        return proc.stdout
 
     def kubectl(self, *args: str) -> str:
         proc = subprocess.run(
@@ -135,23 +144,19 @@ def run(keep: bool) -> int:
     metrics_port = int(manifest_job["spec"].get("metricsPort", 9090))
     with tempfile.TemporaryDirectory(prefix="ddpjob-demo-") as tmp:
         box = Box(data_dir=Path(tmp) / "box")
-        operator: OperatorProcess | None = None
         try:
             print(
-                "starting the box: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, local node, "
-                "Prometheus",
+                "starting the box: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a kubelet node "
+                "with the images built from the Dockerfile (the first run builds them: minutes), Prometheus",
                 flush=True,
             )
             box.start()
             assert box.plane is not None and box.prometheus is not None
             demo = Demo(box, kubectl)
             print(f"export KUBECONFIG={box.plane.kubeconfig}", flush=True)
-            demo.kubectl("apply", "--server-side", "-f", str(CRD))
-            demo.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
-            demo.kubectl("create", "namespace", NAMESPACE)
-            operator = OperatorProcess(box.plane.kubeconfig, box.plane.logs_dir / "operator.log",
-                                       namespaces=[NAMESPACE])  # fmt: skip
-            print(f"operator running (log: {box.plane.logs_dir / 'operator.log'})", flush=True)
+            print(f"$ helm install ddpjob helm/ddpjob -n {NAMESPACE} --create-namespace --wait", flush=True)
+            demo.helm("install", "ddpjob", str(CHART), "-n", NAMESPACE, "--create-namespace", "--wait", "--timeout=5m")
+            print(f"operator running (kubectl logs -n {NAMESPACE} deploy/ddpjob)", flush=True)
             print(f"$ kubectl apply -n {NAMESPACE} -f manifests/{MANIFEST.name}", flush=True)
             print(demo.kubectl("apply", "-n", NAMESPACE, "-f", str(MANIFEST)).strip(), flush=True)
             job = demo.watch(name, metrics_port)
@@ -175,8 +180,6 @@ def run(keep: bool) -> int:
             print(f"ddpjob demo: {err}", file=sys.stderr)
             return 2
         finally:
-            if operator is not None:
-                operator.stop(grace=15)
             box.stop()
 
 

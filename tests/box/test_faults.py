@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_box import toolchain
+from ddpjob_box import images, toolchain
 from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir
 from ddpjob_box.errors import BoxError
-from ddpjob_box.node.teardown import teardown_recorded
+from ddpjob_box.kubenode.node import RECORD
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,12 +134,15 @@ def test_a_component_that_dies_at_startup_is_named_with_its_log_tail(tmp_path: P
 
 
 @pytest.fixture
-def box_data_dir(tmp_path: Path) -> Iterator[Path]:
-    data_dir = tmp_path / "box"
+def box_data_dir() -> Iterator[Path]:
+    # Short: kubelet's sockets under the data directory must fit a unix socket address (107 bytes).
+    data_dir = Path(tempfile.mkdtemp(prefix="ddpj-")) / "box"
     yield data_dir
     for pid in _processes_mentioning(str(data_dir)):  # only ours: their command lines name our temp dir
         os.kill(pid, signal.SIGKILL)
-    teardown_recorded(data_dir / "node")  # the bridge and namespaces of a box that was killed outright
+    if data_dir.exists():
+        claim_data_dir(data_dir, reset=True)  # a killed box's node: its pods, shims, bridge, cgroups and chains
+    shutil.rmtree(data_dir.parent)
 
 
 class Output:
@@ -166,10 +171,11 @@ def _wait_or_explain(proc: subprocess.Popen[str], data_dir: Path, timeout: float
         time.sleep(2)
         proc.kill()
         proc.wait()
-        node_log = (data_dir / "logs" / "node.log").read_text(errors="replace")[-3000:] if data_dir.exists() else ""
+        log = data_dir / "logs" / "kubelet-box-node.log"
+        node_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         output = "".join(OUTPUT[proc.pid].lines)[-12000:] if proc.pid in OUTPUT else ""
         pytest.fail(f"cluster up did not exit within {timeout:.0f}s; its output and stacks:\n{output}\n"
-                    f"--- node.log:\n{node_log}")  # fmt: skip
+                    f"--- kubelet log:\n{node_log}")  # fmt: skip
 
 
 def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
@@ -199,7 +205,8 @@ def _wait_gone(data_dir: Path, timeout: float) -> list[int]:
 
 
 def _run_a_pod(data_dir: Path) -> int:
-    """Start a sleeping pod in the box at ``data_dir``; return its process id once it runs."""
+    """Start a sleeping pod on the node of the box at ``data_dir``; return its host process id once it runs.
+    Its command line names ``data_dir``, so it counts among the box's processes."""
     from kubernetes import client, config
 
     with config.new_client_from_config(config_file=str(data_dir / "kubeconfig")) as api:
@@ -211,18 +218,25 @@ def _run_a_pod(data_dir: Path) -> int:
                     "containers": [
                         {
                             "name": "main",
-                            "image": "ghcr.io/ddpjob/trainer:dev",
-                            "command": ["python", "-c", "import time; time.sleep(600)"],
+                            "image": images.image_name("trainer"),
+                            "command": ["python", "-c", f"import time; time.sleep(600)  # {data_dir}"],
                         }
                     ]
                 },
             },
         )
-    deadline = time.monotonic() + 90
-    while not (pid_files := list(data_dir.glob("node/pods/*/c-main/pid"))):
+    deadline = time.monotonic() + 120
+    while not (pids := [p for p in _processes_mentioning(f"# {data_dir}") if _comm(p) == "python"]):
         assert time.monotonic() < deadline, "the pod did not start"
         time.sleep(0.2)
-    return int(pid_files[0].read_text().split()[0])
+    return pids[0]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _gone(pid: int) -> bool:
@@ -250,9 +264,10 @@ def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_di
     pod_pid = _run_a_pod(box_data_dir)
     proc.kill()
     proc.wait()
-    assert _wait_gone(box_data_dir, 10) == [], "PR_SET_PDEATHSIG stops the children of a killed box"
-    deadline = time.monotonic() + 10
-    while not _gone(pod_pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _gone(pod_pid), "a pod's shim kills its process once the box that owns it is gone"
-    assert teardown_recorded(box_data_dir / "node"), "the node recorded what to clean up after a kill"
+    # PR_SET_PDEATHSIG stops the children of a killed box; the pod lives on under its containerd shim (by
+    # design: a kubelet restart must not kill pods), until --reset undoes the node the box recorded.
+    assert _wait_gone(box_data_dir, 10) == [pod_pid], "only the pod outlives the killed box"
+    assert (box_data_dir / "kubenode" / RECORD).exists(), "the node recorded what to clean up after a kill"
+    claim_data_dir(box_data_dir, reset=True)
+    assert _gone(pod_pid), "--reset kills a killed box's pods"
+    assert _wait_gone(box_data_dir, 10) == []

@@ -65,4 +65,4 @@ def print_pod_logs(api_client: Any, namespace: str) -> None:
                 log = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=container.name)
             except ApiException as err:
                 log = f"(no log: {err.reason})"
-            print(f"--- {pod.metadata.name}/{container.name} ({pod.status.phase}):\n{log[-1500:]}")
+            print(f"--- {pod.metadata.name}/{container.name} ({pod.status.phase}):\n{(log or '')[-1500:]}")

@@ -91,7 +91,8 @@ class KubeletNode:
 
     @property
     def cgroup_root(self) -> str:
-        return f"/{hoststate.CGROUP_PREFIXES[1]}{self.name}"
+        # named by the bridge, which is unique per box: two boxes on one host both call their node box-node
+        return f"/{hoststate.CGROUP_PREFIXES[1]}{self.bridge}"
 
     @property
     def gateway(self) -> str:
@@ -266,6 +267,13 @@ class KubeletNode:
         wait_until(
             "kube-proxy /healthz",
             lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"),
+            60,
+            watch=[self.kube_proxy, self.api_forwarder],
+        )
+        # Healthy is not yet synced: a pod started now must find kubernetes.default.svc already routed.
+        wait_until(
+            "kube-proxy to route the kubernetes Service",
+            _kubernetes_service_routed,
             60,
             watch=[self.kube_proxy, self.api_forwarder],
         )
@@ -465,6 +473,11 @@ def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise BoxError(f"'ip {' '.join(args)}' failed: {proc.stderr.strip()}")
+
+
+def _kubernetes_service_routed() -> bool:
+    rules = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True)
+    return any("-A KUBE-SERVICES" in line and "default/kubernetes:https" in line for line in rules.stdout.splitlines())
 
 
 def _http_ok(url: str) -> bool:
