@@ -44,6 +44,14 @@ def python_pod(name: str, code: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def summary_samples_per_second(log: str) -> float:
+    """The img/s column of the summary table a rank prints at the end of its run."""
+    header = next(line for line in log.splitlines() if "| model | world |" in line)
+    row = log.splitlines()[log.splitlines().index(header) + 2]
+    columns = [c.strip() for c in header.split("|")]
+    return float(row.split("|")[columns.index("img/s")])
+
+
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 
 

@@ -18,7 +18,7 @@ from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import Jobs, wait_for
+from tests.e2e.kube import Jobs, summary_samples_per_second, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,16 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
         pod = jobs.pod(f"{name}-{rank}")
         env = {e.name: e.value for e in pod.spec.containers[0].env}
         assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"]) == ("2", str(rank), f"{name}-0.{name}")
-    assert "world size 2, backend gloo" in jobs.log(f"{name}-0")
+    log = jobs.log(f"{name}-0")
+    assert "world size 2, backend gloo" in log
+    # The final numbers come from each rank's termination message (kubelet reads the file the trainer
+    # wrote), not from the last poll: STEP is the last step, IMG/S the trainer's own summary.
+    progress = status["progress"]
+    assert progress.get("final") is True and progress["step"] == steps, progress
+    measured = summary_samples_per_second(log)  # all ranks together, as rank 0 measured them
+    assert abs(progress["samplesPerSecond"] - measured) <= 0.10 * measured, (progress, measured)
+    columns = kubectl("get", "ddpj", name, "-n", namespace).stdout.splitlines()
+    assert columns[1].split()[4] == str(steps), columns  # NAME PHASE READY RESTARTS STEP ...
 
     def series() -> list[dict[str, Any]] | None:
         found = prometheus.query(f'max_over_time(ddp_steps_total{{namespace="{namespace}", ddpjob="{name}"}}[15m])')
@@ -134,9 +143,12 @@ def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
         if not _exists(jobs, f"{name}-0"):
             return None
         conditions = jobs.pod(f"{name}-0").status.conditions or []
-        return next((c for c in conditions if c.type == "PodScheduled" and c.reason == "Unschedulable"), None)
+        # The first refusal may name the claim, until the box's provisioner binds it; then the GPU.
+        return next(
+            (c for c in conditions if c.reason == "Unschedulable" and "nvidia.com/gpu" in (c.message or "")), None
+        )
 
-    condition = wait_for("the scheduler to refuse the GPU pod", unschedulable, 60)
+    condition = wait_for("the scheduler to refuse the GPU pod for want of nvidia.com/gpu", unschedulable, 90)
     assert "nvidia.com/gpu" in condition.message
     time.sleep(5)
     assert jobs.status(name).get("phase") == "Pending"
@@ -185,4 +197,34 @@ def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(jobs: Jobs,
     )
     body["spec"]["template"]["spec"]["volumes"] = [{"name": "script", "configMap": {"name": "script"}}]
     jobs.create(body)
-    jobs.wait_phase("textbook", "Succeeded", 300)
+    status = jobs.wait_phase("textbook", "Succeeded", 300)
+    # It serves no /metrics: said once, in plain words, with no connection error carried in the status.
+    note = status["progress"].get("note", "")
+    assert "rank 0 serves no metrics on port 9090" in note and "rank 1 serves no metrics" in note, status
+    assert "connect" not in str(status).lower(), status
+
+
+def _failed_message(jobs: Jobs, name: str) -> str:
+    status = jobs.wait_phase(name, "Failed", 300)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    events = [e.message for e in jobs.core.list_namespaced_event(jobs.ns).items if e.type == "Warning"]
+    assert any(failed["message"] in m or m in failed["message"] for m in events), (failed, events)
+    return str(failed["message"])
+
+
+def test_a_mistyped_model_fails_with_the_trainers_own_one_line_error_from_its_termination_message(
+    jobs: Jobs,
+) -> None:
+    jobs.create(cpu_job("typo", args=["--model", "resnet5O"], runPolicy={"backoffLimit": 0}))
+    message = _failed_message(jobs, "typo")
+    assert "exited with code 2: --model (TRAIN_MODEL): unknown value 'resnet5O'" in message, message
+    assert "Traceback" not in message
+
+
+def test_a_script_that_raises_shows_its_last_log_lines_through_fallback_to_logs_on_error(jobs: Jobs) -> None:
+    body = cpu_job("raises", runPolicy={"backoffLimit": 0})
+    code = "import sys; print('loading data', flush=True); raise SystemExit('no such dataset: /data/imagenet')"
+    body["spec"]["template"]["spec"]["containers"][0].update(command=["python", "-c", code], args=[])
+    jobs.create(body)
+    message = _failed_message(jobs, "raises")
+    assert "exited with code 1" in message and "no such dataset: /data/imagenet" in message, message

@@ -28,7 +28,7 @@ from ddpjob_box.prometheus import SCRAPE_SECONDS, Prometheus
 from ddpjob_operator import report
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import Jobs, wait_for
+from tests.e2e.kube import Jobs, summary_samples_per_second, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -157,7 +157,7 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
 ) -> None:  # fmt: skip
     jobs.create(cpu_job("done", args=["--steps", "500"]))
     status = jobs.wait_phase("done", "Succeeded", 600)
-    measured = _summary_samples_per_second(jobs.log("done-0"))
+    measured = summary_samples_per_second(jobs.log("done-0"))
 
     body = jobs.custom.get_namespaced_custom_object("ddpjob.dev", "v1alpha1", namespace, "ddpjobs", "done")
     span = report.run_span(body, time.time())
@@ -194,14 +194,6 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     (text, *_) = report.report(args)
     assert time.monotonic() - began < 10 and text.endswith("source: status"), text
     assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s")
-
-
-def _summary_samples_per_second(log: str) -> float:
-    """The img/s column of the summary table rank 0 printed at the end of its run."""
-    header = next(line for line in log.splitlines() if "| model | world |" in line)
-    row = log.splitlines()[log.splitlines().index(header) + 2]
-    columns = [c.strip() for c in header.split("|")]
-    return float(row.split("|")[columns.index("img/s")])
 
 
 def _check_figures(figs: dict[str, Any], out: Path, job: str) -> None:

@@ -247,6 +247,9 @@ class KubeletNode:
         )
         self.api_forwarder.start()
         # The apiserver runs with --endpoint-reconciler-type=none: the box says where the kubernetes Service goes.
+        # Replaced, not just created: a slice of the same name left by an earlier node would route
+        # kubernetes.default.svc to that node's gateway, which no longer exists (pods' connections time out).
+        self._api_write("DELETE", f"{SLICES}/kubernetes-{self.name}")
         self._api_write("POST", SLICES, self._api_slice())
         cert = f"kube-proxy-{self.name}"
         issue_cert(pki, cert, "/CN=system:kube-proxy", server=False)
