@@ -192,12 +192,15 @@ def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(jobs: Jobs,
     container = body["spec"]["template"]["spec"]["containers"][0]
     container.update(
         command=["python", "/scripts/train.py"],
-        args=["--epochs", "2"],
+        # Long enough (a minute or two) for the operator to give up on its /metrics: 5 polls over 45 s.
+        args=["--epochs", "6000"],
         volumeMounts=[{"name": "script", "mountPath": "/scripts"}],
     )
     body["spec"]["template"]["spec"]["volumes"] = [{"name": "script", "configMap": {"name": "script"}}]
     jobs.create(body)
-    status = jobs.wait_phase("textbook", "Succeeded", 300)
+    jobs.wait_phase("textbook", "Running", 180)
+    wait_for("the no-metrics note", lambda: jobs.status("textbook").get("progress", {}).get("note"), 150, interval=2)
+    status = jobs.wait_phase("textbook", "Succeeded", 900)
     # It serves no /metrics: said once, in plain words, with no connection error carried in the status.
     note = status["progress"].get("note", "")
     assert "rank 0 serves no metrics on port 9090" in note and "rank 1 serves no metrics" in note, status
@@ -228,3 +231,37 @@ def test_a_script_that_raises_shows_its_last_log_lines_through_fallback_to_logs_
     jobs.create(body)
     message = _failed_message(jobs, "raises")
     assert "exited with code 1" in message and "no such dataset: /data/imagenet" in message, message
+
+
+def _cannot_start(jobs: Jobs, name: str) -> tuple[dict[str, Any], list[str]]:
+    def stuck() -> dict[str, Any] | None:
+        running = jobs.condition(name, "Running")
+        return running if running and running.get("reason") == "ContainerCannotStart" else None
+
+    condition = wait_for(f"{name} to say why a rank cannot start", stuck, 180, interval=1)
+    events = [e.message for e in jobs.events(name, "ContainerCannotStart")]
+    assert jobs.status(name).get("phase") != "Failed", "a pod that cannot start yet is not a failed job"
+    return condition, events
+
+
+def test_an_image_that_is_not_there_is_named_in_one_status_line_and_event(jobs: Jobs) -> None:
+    body = cpu_job("noimage")
+    body["spec"]["template"]["spec"]["containers"][0]["image"] = "ghcr.io/ddpjob/trainer:no-such-tag"
+    jobs.create(body)
+    condition, events = _cannot_start(jobs, "noimage")
+    message = condition["message"]
+    assert re.match(r"rank \d \(pod noimage-\d\) cannot start: (init )?container \S+: (ErrImagePull|ImagePullBackOff)",
+                    message), message  # fmt: skip
+    assert "ghcr.io/ddpjob/trainer:no-such-tag" in message and "\n" not in message
+    assert events and all(e.startswith("rank ") for e in events), events
+
+
+def test_a_missing_configmap_is_named_in_one_status_line_and_event(jobs: Jobs) -> None:
+    body = cpu_job("noconfig")
+    body["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "train-settings"}}]
+    jobs.create(body)
+    condition, events = _cannot_start(jobs, "noconfig")
+    message = condition["message"]
+    assert "cannot start: container trainer: CreateContainerConfigError" in message, message
+    assert 'configmap "train-settings" not found' in message and "\n" not in message
+    assert events, "one Warning Event per cause"
