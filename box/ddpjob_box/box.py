@@ -39,6 +39,9 @@ class Box:
     node: KubeletNode | None = None
     provisioner: Component | None = None
     prometheus: Prometheus | None = None
+    # Nodes started so far: each gets its own bridge and /24. A node started where an earlier one of this box
+    # ran, on the same gateway, left pods unable to reach kubernetes.default.svc (connections timed out).
+    nodes_started: int = 0
 
     def __enter__(self) -> Box:
         self.start()
@@ -68,13 +71,14 @@ class Box:
                 plane=self.plane,
                 directory=self.data_dir / "kubenode",
                 name=NODE_NAME,
-                bridge=f"kn{self.box_id}",
-                subnet=pick_subnet(int(self.box_id, 16) % 256),
+                bridge=f"kn{self.box_id}{self.nodes_started}",
+                subnet=pick_subnet(int(self.box_id, 16) % 256 + 16 * self.nodes_started),
                 sandbox_image=local_images.ensure_pause(),
                 importer=local_images.import_into_containerd,
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
             )
+            self.nodes_started += 1
             node.start()
             self.node = node
             self._start_provisioner()
