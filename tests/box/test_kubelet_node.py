@@ -22,6 +22,7 @@ from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.node import KubeletNode
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl
+from tests.e2e.kube import wait_pod_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 
@@ -88,17 +89,6 @@ def _pod(name: str, node: KubeletNode, command: str) -> dict[str, Any]:
     }
 
 
-def _wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        pod = core.read_namespaced_pod(name, namespace)
-        if pod.status.phase in phases:
-            return pod
-        if time.monotonic() > deadline:
-            pytest.fail(f"pod {name} stayed {pod.status.phase} for {timeout}s: {pod.status}", pytrace=False)
-        time.sleep(0.2)
-
-
 def test_the_kubelet_registers_its_node_and_reports_it_ready(node: KubeletNode, api_client: Any) -> None:
     got = client.CoreV1Api(api_client).read_node(node.name)
     assert {c.type: c.status for c in got.status.conditions}["Ready"] == "True"
@@ -114,14 +104,14 @@ def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
     script = "echo started on $(cat /etc/hostname); while [ ! -f /tmp/go ]; do sleep 0.1; done; echo finished"
     created = time.monotonic()
     core.create_namespaced_pod(namespace, _pod("hello", node, script))
-    pod = _wait_phase(core, namespace, "hello", {"Running", "Succeeded", "Failed"}, 120)
+    pod = wait_pod_phase(core, namespace, "hello", {"Running", "Succeeded", "Failed"}, 120)
     print(f"pod Running {time.monotonic() - created:.1f}s after create")
     assert pod.status.phase == "Running"
     assert ipaddress.ip_address(pod.status.pod_ip) in node.subnet
 
     exec_out = kubectl("exec", "-n", namespace, "hello", "--", "sh", "-c", "id -u; touch /tmp/go").stdout
     assert exec_out.split() == ["0"]
-    pod = _wait_phase(core, namespace, "hello", {"Succeeded", "Failed"}, 60)
+    pod = wait_pod_phase(core, namespace, "hello", {"Succeeded", "Failed"}, 60)
     assert pod.status.phase == "Succeeded"
     logs = kubectl("logs", "-n", namespace, "hello").stdout
     assert logs.splitlines() == ["started on hello", "finished"]
@@ -144,10 +134,10 @@ def test_the_runtime_enforces_the_pods_user_read_only_root_and_memory_limit(
     hog["spec"]["containers"][0]["resources"] = {"limits": {"memory": "64Mi", "cpu": "500m"}}
     core.create_namespaced_pod(namespace, hog)
 
-    done = _wait_phase(core, namespace, "restricted", {"Succeeded", "Failed"}, 120)
+    done = wait_pod_phase(core, namespace, "restricted", {"Succeeded", "Failed"}, 120)
     assert done.status.phase == "Succeeded"
     assert kubectl("logs", "-n", namespace, "restricted").stdout.split() == ["10001", "read-only"]
-    oom = _wait_phase(core, namespace, "hog", {"Succeeded", "Failed"}, 120)
+    oom = wait_pod_phase(core, namespace, "hog", {"Succeeded", "Failed"}, 120)
     terminated = oom.status.container_statuses[0].state.terminated
     assert (oom.status.phase, terminated.reason, terminated.exit_code) == ("Failed", "OOMKilled", 137)
 
@@ -183,7 +173,7 @@ def test_a_pod_resolves_its_headless_service_name_and_reaches_the_apiserver_as_k
     pod["metadata"]["labels"] = {"app": "job"}
     pod["spec"] |= {"hostname": "job-0", "subdomain": "job"}
     core.create_namespaced_pod(namespace, pod)
-    done = _wait_phase(core, namespace, "job-0", {"Succeeded", "Failed"}, 120)
+    done = wait_pod_phase(core, namespace, "job-0", {"Succeeded", "Failed"}, 120)
     logs = kubectl("logs", "-n", namespace, "job-0").stdout
     assert done.status.phase == "Succeeded", logs
     assert logs.splitlines()[0].split()[0] == done.status.pod_ip
@@ -195,7 +185,7 @@ def test_stopping_the_node_leaves_the_host_as_found(node: KubeletNode, api_clien
     core = client.CoreV1Api(api_client)
     # A pod still running at stop leaves the most behind: mounts, a netns, veth, cgroups, a shim.
     core.create_namespaced_pod(namespace, _pod("sleeper", node, "sleep 3600"))
-    _wait_phase(core, namespace, "sleeper", {"Running"}, 120)
+    wait_pod_phase(core, namespace, "sleeper", {"Running"}, 120)
     before = node.before
     assert before is not None
 

@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
-from ddpjob_box import images
 from ddpjob_box.kubenode.node import KubeletNode
 
 T = TypeVar("T")
@@ -27,21 +26,16 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval:
         time.sleep(interval)
 
 
-def pod_phase(core: Any, name: str, namespace: str) -> str | None:
-    try:
-        return str(core.read_namespaced_pod(name, namespace).status.phase)
-    except Exception:
-        return None
-
-
-def python_pod(name: str, code: str, **spec: Any) -> dict[str, Any]:
-    """A pod of the project's trainer image running a Python snippet; ``spec`` merges into the pod spec."""
-    container = {"name": "main", "image": images.image_name("trainer"), "command": ["python", "-c", code]}
-    container.update(spec.pop("container", {}))
-    return {
-        "metadata": {"name": name, "labels": spec.pop("labels", {})},
-        "spec": {"restartPolicy": "Never", "containers": [container], **spec},
-    }
+def wait_pod_phase(core: Any, namespace: str, name: str, phases: set[str], timeout: float) -> Any:
+    """The pod once its phase is one of ``phases``; fail the test naming its last phase and status otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase in phases:
+            return pod
+        if time.monotonic() > deadline:
+            pytest.fail(f"pod {name} stayed {pod.status.phase} for {timeout}s: {pod.status}", pytrace=False)
+        time.sleep(0.2)
 
 
 def summary_samples_per_second(log: str) -> float:

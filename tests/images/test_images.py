@@ -15,6 +15,7 @@ from kubernetes import client
 
 from ddpjob_box import images
 from ddpjob_box.kubenode.node import KubeletNode
+from tests.e2e.kube import wait_pod_phase
 
 # A cold session builds both images (about 8 minutes here, torch downloaded once) before the first test.
 pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
@@ -51,11 +52,8 @@ def _run(
         },
     }
     core.create_namespaced_pod(namespace, body)
-    deadline = time.monotonic() + timeout
-    while (phase := core.read_namespaced_pod(name, namespace).status.phase) not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"pod {name} of {image} still {phase} after {timeout:.0f}s"
-        time.sleep(0.5)
-    return phase, str(core.read_namespaced_pod_log(name, namespace) or "")
+    pod = wait_pod_phase(core, namespace, name, {"Succeeded", "Failed"}, timeout)
+    return pod.status.phase, str(core.read_namespaced_pod_log(name, namespace) or "")
 
 
 def test_the_operator_image_runs_ddpjob_operator_help(api_client: Any, namespace: str, node: KubeletNode) -> None:
