@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
 from ddpjob_box.toolchain import cache_dir
 
 # Bump when the recipe below changes in a way its inputs do not show.
@@ -44,7 +45,6 @@ BASE_REPO = "localhost/ddpjob/base"
 PAUSE_REPO = "localhost/ddpjob/pause"
 # Exits on SIGTERM (a bare `sleep` as PID 1 would ignore it) and reaps what the shell started.
 PAUSE_ENTRYPOINT = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
-CONTAINERD_NAMESPACE = "k8s.io"
 
 
 def images_dir() -> Path:

@@ -35,6 +35,14 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def exited(pid: int) -> bool:
+    """No such process, or a zombie its parent has not reaped yet (``kill(pid, 0)`` still finds those)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 class Component:
     """One long-running child process with its log file."""
 

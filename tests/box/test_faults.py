@@ -20,6 +20,7 @@ from ddpjob_box import images, toolchain
 from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import RECORD
+from ddpjob_box.processes import exited
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -239,14 +240,6 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _gone(pid: int) -> bool:
-    """Dead: no such process, or a zombie that its new parent has not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 @pytest.mark.cluster
 def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
@@ -255,7 +248,7 @@ def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_
     proc.send_signal(signal.SIGINT)
     assert _wait_or_explain(proc, box_data_dir, 120) == 0  # about 15 s alone
     assert _wait_gone(box_data_dir, 10) == []
-    assert _gone(pod_pid), "the pod's process went with the box"
+    assert exited(pod_pid), "the pod's process went with the box"
 
 
 @pytest.mark.cluster
@@ -269,5 +262,5 @@ def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_di
     assert _wait_gone(box_data_dir, 10) == [pod_pid], "only the pod outlives the killed box"
     assert (box_data_dir / "kubenode" / RECORD).exists(), "the node recorded what to clean up after a kill"
     claim_data_dir(box_data_dir, reset=True)
-    assert _gone(pod_pid), "--reset kills a killed box's pods"
+    assert exited(pod_pid), "--reset kills a killed box's pods"
     assert _wait_gone(box_data_dir, 10) == []

@@ -19,6 +19,8 @@ SOCKETS_ROOT = Path("/run/ddpjob")
 # kubelet's longest socket under its root dir; the whole path must fit a unix socket address (107 bytes).
 KUBELET_SOCKET = "plugins_registry/kubelet-plugin-reg.sock"
 CLUSTER_DOMAIN = "cluster.local"
+# The containerd namespace of the CRI plugin: kubelet's pods and the images they run live there.
+CONTAINERD_NAMESPACE = "k8s.io"
 
 
 @dataclass(frozen=True)

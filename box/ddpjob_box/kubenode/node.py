@@ -31,6 +31,7 @@ from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import hoststate, store
 from ddpjob_box.kubenode.configs import (
+    CONTAINERD_NAMESPACE,
     KUBELET_SOCKET,
     SOCKETS_ROOT,
     KubeletSettings,
@@ -45,7 +46,7 @@ from ddpjob_box.kubenode.configs import (
 )
 from ddpjob_box.pki import issue_cert
 from ddpjob_box.ports import free_port
-from ddpjob_box.processes import Component, tail, wait_until
+from ddpjob_box.processes import Component, exited, tail, wait_until
 
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
@@ -53,8 +54,6 @@ RECORD = "node-record.json"
 # The host as the first of several nodes found it, restored by the last to stop.
 HOST_RECORD = SOCKETS_ROOT / "host-before.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
-# The containerd namespace of the CRI plugin, where kubelet's pods and the imported images live.
-CONTAINERD_NAMESPACE = "k8s.io"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], object]
 
@@ -417,7 +416,7 @@ def kill_pods(before: hoststate.HostState, socket: Path) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
+    while not all(exited(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -507,10 +506,3 @@ def _processes() -> list[tuple[int, str]]:
             except OSError:
                 continue
     return found
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
