@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,17 +87,11 @@ class Box:
         assert self.plane is not None
         if self.provisioner is None:
             self.ensure_storage_class(storage_class())
-            self.provisioner = Component(
+            self.provisioner = Component.box_module(
                 "provisioner",
-                [
-                    sys.executable,
-                    "-m",
-                    "ddpjob_box.provisioner",
-                    str(self.plane.kubeconfig),
-                    str(self.data_dir / "claims"),
-                ],
+                "ddpjob_box.provisioner",
+                [str(self.plane.kubeconfig), str(self.data_dir / "claims")],
                 self.plane.logs_dir / "provisioner.log",
-                env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
             )
             self.provisioner.start()
 

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,6 +46,12 @@ def exited(pid: int) -> bool:
 
 class Component:
     """One long-running child process with its log file."""
+
+    @classmethod
+    def box_module(cls, name: str, module: str, args: Sequence[str], log_path: Path) -> Component:
+        """``python -m <module> args`` of this package, importable whether or not the project is installed."""
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        return cls(name, [sys.executable, "-m", module, *args], log_path, env=env)
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None):
         self.name = name

@@ -26,9 +26,9 @@ from ddpjob_contract import pods
 SCRAPE_SECONDS = 2
 
 
-def _meta(label: str) -> str:
-    """Prometheus' name for a pod label's discovery meta label."""
-    return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in label)
+def _meta(label: str, role: str = "pod") -> str:
+    """Prometheus' name for a pod's (or a service's) label in kubernetes discovery."""
+    return f"__meta_kubernetes_{role}_label_" + "".join(c if c.isalnum() else "_" for c in label)
 
 
 def _copy(source: str, target: str) -> dict[str, Any]:
@@ -56,10 +56,9 @@ def relabel_configs() -> list[dict[str, Any]]:
 
 def operator_relabel_configs() -> list[dict[str, Any]]:
     """The chart's ServiceMonitor: the endpoints of the operator's metrics Service, port ``metrics``."""
-    service = "__meta_kubernetes_service_label_"
     return [
-        _keep(service + "app_kubernetes_io_name", "ddpjob"),
-        _keep(service + "app_kubernetes_io_component", "metrics"),
+        _keep(_meta("app.kubernetes.io/name", "service"), "ddpjob"),
+        _keep(_meta("app.kubernetes.io/component", "service"), "metrics"),
         _keep("__meta_kubernetes_endpoint_port_name", "metrics"),
         _copy("__meta_kubernetes_namespace", "namespace"),
         _copy("__meta_kubernetes_pod_name", "pod"),

@@ -17,7 +17,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -238,11 +237,11 @@ class KubeletNode:
     def _start_kube_proxy(self, binary: Path) -> None:
         pki, port = self.plane.data_dir / "pki", self.plane.apiserver_port
         assert port is not None
-        self.api_forwarder = Component(
+        self.api_forwarder = Component.box_module(
             "apiserver-forwarder",
-            [sys.executable, "-m", "ddpjob_box.kubenode.apiproxy", self.gateway, str(port), str(port)],
+            "ddpjob_box.kubenode.apiproxy",
+            [self.gateway, str(port), str(port)],
             self.plane.logs_dir / f"apiserver-forwarder-{self.name}.log",
-            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
         )
         self.api_forwarder.start()
         # The apiserver runs with --endpoint-reconciler-type=none: the box says where the kubernetes Service goes.
