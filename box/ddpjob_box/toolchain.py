@@ -18,7 +18,7 @@ from ddpjob_box.errors import BoxError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
-MIN_GO = (1, 24)
+MIN_GO = (1, 26)
 
 
 def cache_dir() -> Path:

@@ -8,6 +8,8 @@ LABEL_RANK = "ddpjob.dev/rank"
 LABEL_ATTEMPT = "ddpjob.dev/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ddpjob"
+# The scheduler's PodGroup API: one gang per attempt, named in every rank's spec.schedulingGroup.
+POD_GROUP_API = "scheduling.k8s.io/v1beta1"
 # Hash of the spec fields a pod is built from: pods of a stale spec are replaced, never reused.
 ANNOTATION_SPEC_HASH = "ddpjob.dev/spec-hash"
 

@@ -30,6 +30,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     SUSPENDED = "Suspended"
     STRAGGLER_DETECTED = "StragglerDetected"
+    GANG_SCHEDULING = "GangScheduling"
 
 
 class Reason(StrEnum):
@@ -57,3 +58,10 @@ class Reason(StrEnum):
     STRAGGLER = "StragglerDetected"
     STRAGGLER_RECOVERED = "StragglerRecovered"
     TTL = "TTLExpired"
+    UNSCHEDULABLE = "Unschedulable"
+    PREEMPTED = "Preempted"
+    DISRUPTED = "Disrupted"
+    GANG = "PodGroup"
+    GANG_NOT_SERVED = "PodGroupNotServed"
+    GANG_DISABLED = "GangSchedulingDisabled"
+    GANG_UNAVAILABLE = "GangSchedulingUnavailable"

@@ -68,6 +68,17 @@ class CleanPodPolicy(StrEnum):
     NONE = "None"
 
 
+class GangScheduling(StrEnum):
+    """How the ranks are placed: all or nothing through a PodGroup, or one by one."""
+
+    AUTO = "Auto"
+    """A PodGroup when the cluster serves the API; else one by one, and the status says so."""
+    REQUIRED = "Required"
+    """A PodGroup, or the job fails at once saying the cluster does not serve the API."""
+    DISABLED = "Disabled"
+    """One by one: the default scheduler may bind some ranks while others wait."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
@@ -118,6 +129,7 @@ class JobSpec:
     progress_deadline_seconds: int | None = None
     """Restart the gang (NoProgress) when no rank advances its step for this long; None: never."""
     straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
+    gang_scheduling: GangScheduling = GangScheduling.AUTO
     spec_hash: str = ""
     """Hash of the fields pods are built from (replicas, template, ports, checkpoint...)."""
 
@@ -247,6 +259,14 @@ def _straggler(value: Any) -> StragglerPolicy:
     return StragglerPolicy(factor=float(factor), window_seconds=window)
 
 
+def _gang_scheduling(value: Any) -> GangScheduling:
+    try:
+        return GangScheduling(value if value is not None else GangScheduling.AUTO)
+    except ValueError:
+        allowed = ", ".join(g.value for g in GangScheduling)
+        raise SpecError(f"spec.gangScheduling: must be one of {allowed}, got {value!r}") from None
+
+
 def spec_hash(spec: Mapping[str, Any]) -> str:
     """Stable hash of every spec field a pod is built from; the editable policies are left out."""
     built_from = {k: v for k, v in spec.items() if k not in UNBUILT_FIELDS}
@@ -284,6 +304,7 @@ def parse_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         checkpoint=_checkpoint(spec.get("checkpoint")),
         progress_deadline_seconds=_int(spec, "progressDeadlineSeconds", None, 1, 2**31 - 1, "spec"),
         straggler=_straggler(spec.get("straggler")),
+        gang_scheduling=_gang_scheduling(spec.get("gangScheduling")),
         spec_hash=spec_hash(spec),
     )
 

@@ -32,6 +32,7 @@ from ddpjob_contract.pods import (
     LABEL_MANAGED_BY,
     LABEL_RANK,
     MANAGED_BY,
+    POD_GROUP_API,
 )
 from ddpjob_operator import api
 from ddpjob_operator.api import Job
@@ -58,6 +59,29 @@ def owner_reference(job: Job) -> dict[str, Any]:
         "uid": job.uid,
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+
+
+def pod_group_name(job_name: str, attempt: int) -> str:
+    return f"{job_name}-attempt-{attempt}"
+
+
+def pod_group(job: Job, attempt: int) -> dict[str, Any]:
+    """The gang of attempt ``attempt``: the scheduler binds all ``replicas`` pods at once or none, and
+    preempts them together (disruptionMode all)."""
+    return {
+        "apiVersion": POD_GROUP_API,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": pod_group_name(job.name, attempt),
+            "namespace": job.namespace,
+            "labels": {**selector(job.name), LABEL_ATTEMPT: str(attempt)},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": job.spec.replicas}},
+            "disruptionMode": {"all": {}},
+        },
     }
 
 
@@ -188,8 +212,9 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int) 
     trainer["ports"] = named_ports(job, trainer.get("ports") or [])
 
 
-def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
-    """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait."""
+def pod(job: Job, rank: int, attempt: int, *, gang: bool) -> dict[str, Any]:
+    """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait;
+    ``gang``: a member of the attempt's PodGroup."""
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template["spec"]
@@ -205,6 +230,8 @@ def pod(job: Job, rank: int, attempt: int) -> dict[str, Any]:
     spec["subdomain"] = job.name
     # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
     spec["restartPolicy"] = "Never"
+    if gang:
+        spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     trainer = spec["containers"][0]
     _set_up_trainer(job, trainer, rank, attempt)
     checkpoint = job.spec.checkpoint

@@ -62,6 +62,8 @@ class Api(Protocol):
 
     def get_namespace(self, name: str) -> dict[str, Any] | None: ...
 
+    def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None: ...
+
 
 class Pods(Protocol):
     """The watch-fed pods (``podcache.PodCache``)."""
@@ -142,12 +144,21 @@ class Controller:
     """Reconciles one job at a time (the work queue keeps one worker per job); thread-safe across jobs.
 
     ``creates``: threads to create a job's pods in parallel; ``events``: threads to post Events
-    without waiting for them.
+    without waiting for them; ``pod_groups``: whether the cluster serves PodGroups (gang scheduling).
     """
 
     def __init__(
-        self, api: Api, pods: Pods, progress: Progress, clock: Clock, *, creates: Executor, events: Executor
+        self,
+        api: Api,
+        pods: Pods,
+        progress: Progress,
+        clock: Clock,
+        *,
+        creates: Executor,
+        events: Executor,
+        pod_groups: bool,
     ) -> None:
+        self.pod_groups = pod_groups
         self.bodies = Bodies()
         self._api = api
         self._pods = pods
@@ -257,7 +268,7 @@ class Controller:
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
-            return plan(job, old, views, now, scrapes, refused=refused)
+            return plan(job, old, views, now, scrapes, refused=refused, pod_groups=self.pod_groups)
 
         watched = self._pods.pods(key)
         the_plan = plan_from(watched if watched is not None else self._api.list_pods(*key))
@@ -270,14 +281,18 @@ class Controller:
         for pod in the_plan.delete_pods:
             self._api.delete_pod(job.namespace, pod.name, pod.uid)
             faults.point("pod-deleted")
+        attempt = the_plan.status.attempt
         try:
             if the_plan.create_service:
                 self._api.create(builders.service(job))
+            if the_plan.create_pod_group:
+                self._api.create(builders.pod_group(job, attempt))
+                self._api.delete_pod_groups(job.namespace, job.name, keep_attempt=attempt)
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
         try:
-            self._create_pods(job, the_plan.status.attempt, the_plan.create_ranks)
+            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang)
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -296,7 +311,7 @@ class Controller:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
 
-    def _create_pods(self, job: Job, attempt: int, ranks: tuple[int, ...]) -> None:
+    def _create_pods(self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool) -> None:
         """Create if absent, in waves of CREATE_PARALLELISM; raises the lowest rank's error.
 
         Each pod created goes into the pod cache at once, so a reconcile before the watch sees it
@@ -304,7 +319,7 @@ class Controller:
         """
 
         def create(rank: int) -> None:
-            created = self._api.create(builders.pod(job, rank, attempt))
+            created = self._api.create(builders.pod(job, rank, attempt, gang=gang))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
+from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, POD_GROUP_API
 from ddpjob_operator import api, metrics
 
 
@@ -171,13 +171,32 @@ class Kube:
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create if absent: the created object, or None when one of that name already existed."""
-        plural = {"Pod": "pods", "Service": "services", "Event": "events"}[obj["kind"]]
+        plural = {"Pod": "pods", "Service": "services", "Event": "events", "PodGroup": "podgroups"}[obj["kind"]]
+        group = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
         try:
-            created = self._request("POST", f"/api/v1/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
+            created = self._request("POST", f"{group}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
                                     body=obj)  # fmt: skip
         except Conflict:
             return None
         return dict(created)
+
+    # PodGroups (gang scheduling)
+
+    def serves_pod_groups(self) -> bool:
+        """Whether the apiserver serves PodGroups at POD_GROUP_API (Kubernetes 1.37+, GenericWorkload on)."""
+        try:
+            found = self._request("GET", f"/apis/{POD_GROUP_API}")
+        except KubeError as err:
+            if err.status == 404:
+                return False
+            raise
+        return any(r.get("name") == "podgroups" for r in (found or {}).get("resources") or [])
+
+    def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None:
+        """Delete the job's PodGroups of every attempt but ``keep_attempt`` (one request)."""
+        selector = f"{LABEL_JOB_NAME}={job_name},{_MANAGED},{LABEL_ATTEMPT}!={keep_attempt}"
+        path = f"/apis/{POD_GROUP_API}/namespaces/{quote(namespace)}/podgroups"
+        self._request("DELETE", path, query=[("labelSelector", selector)])
 
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
         """Delete if present; with ``uid``, only that incarnation of the name (never a newer pod)."""

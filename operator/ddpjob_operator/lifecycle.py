@@ -21,7 +21,7 @@ from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import exit_messages, progress
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
-from ddpjob_operator.policies import cleanup, deadline, progress_deadline, restart, straggler, suspend, ttl
+from ddpjob_operator.policies import cleanup, deadline, gang, progress_deadline, restart, straggler, suspend, ttl
 from ddpjob_operator.progress import ProgressStatus, Scrape, Straggler, Summary, Target
 from ddpjob_operator.status import (
     JobStatus,
@@ -58,6 +58,10 @@ class Plan:
     status: JobStatus
     create_service: bool = False
     """Create the job's headless Service if absent: planned with the pods of each attempt."""
+    gang: bool = False
+    """The ranks are placed as one gang: each pod names the attempt's PodGroup."""
+    create_pod_group: bool = False
+    """Create the attempt's PodGroup if absent (and delete older attempts'): planned with its pods."""
     create_ranks: tuple[int, ...] = ()
     """Ranks of ``status.attempt`` to create if absent."""
     delete_pods: tuple[PodView, ...] = ()
@@ -120,6 +124,7 @@ class View:
     fold: Fold | None
     """The newest polls of this attempt, if there are new ones."""
     refused: str
+    placement: gang.Placement
 
 
 def plan(
@@ -130,21 +135,24 @@ def plan(
     scrapes: Sequence[Scrape] = (),
     *,
     refused: str = "",
+    pod_groups: bool = False,
 ) -> Plan:
     """Observe once, let the first policy that changes something decide the transition, apply it, and
     plan the pods for the status that results.
 
     ``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are
     ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did.
+    ``pod_groups``: whether the cluster serves PodGroups (gang scheduling).
     """
     status = replace(old, observed_generation=job.generation)
     events: tuple[Event, ...] = ()
     if status.phase is Phase.NEW:
-        status, events = apply(status, _create(job), now)
+        status, events = apply(status, _create(job, pod_groups), now)
     obs = _observe(job, status, pods)
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
-    view = _view(job, status, obs, now, scrapes, refused)
+    placement = gang.placement(job.spec.gang_scheduling, pod_groups)
+    view = _view(job, status, obs, now, scrapes, refused, placement)
     status = view.status
     for policy in SUSPENDED_POLICIES if status.phase is Phase.SUSPENDED else POLICIES:
         transition = policy(view)
@@ -156,13 +164,15 @@ def plan(
             break
     if status.attempt != view.status.attempt:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
-    return _plan_for(job, status, obs, now, events)
+    return _plan_for(job, status, obs, now, events, placement is gang.Placement.GANG)
 
 
-def _create(job: Job) -> Transition:
+def _create(job: Job, pod_groups: bool) -> Transition:
     spec = job.spec
     master = f"{job.name}-0.{job.name}:{spec.port}"
-    return Create(spec.replicas, spec.nproc_per_node, spec.world_size, master, suspended=spec.run_policy.suspend)
+    placement = gang.condition(spec.gang_scheduling, pod_groups, spec.replicas)
+    return Create(spec.replicas, spec.nproc_per_node, spec.world_size, master, suspended=spec.run_policy.suspend,
+                  placement=placement)  # fmt: skip
 
 
 def _observe(job: Job, status: JobStatus, pods: Sequence[PodView]) -> Observation:
@@ -172,7 +182,13 @@ def _observe(job: Job, status: JobStatus, pods: Sequence[PodView]) -> Observatio
 
 
 def _view(
-    job: Job, status: JobStatus, obs: Observation, now: datetime, scrapes: Sequence[Scrape], refused: str
+    job: Job,
+    status: JobStatus,
+    obs: Observation,
+    now: datetime,
+    scrapes: Sequence[Scrape],
+    refused: str,
+    placement: gang.Placement,
 ) -> View:
     """Fold this attempt's new polls into status.progress (not while restarting or suspended)."""
     fold = None
@@ -180,10 +196,13 @@ def _view(
         fresh = progress.fresh(status.progress, status.attempt, job.spec.world_size)
         fold = _fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
         status = replace(status, progress=fold.progress if fold else fresh)
-    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused)
+    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused,
+                placement=placement)  # fmt: skip
 
 
-def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
+def _plan_for(
+    job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...], as_gang: bool
+) -> Plan:
     """What to do with the pods, given the status the transition left."""
     spec = job.spec
     if status.phase.finished:
@@ -197,6 +216,8 @@ def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, even
     return Plan(
         status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
+        gang=as_gang,
+        create_pod_group=as_gang and bool(creates),
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),
         events=events,
@@ -212,6 +233,12 @@ def _plan_for(job: Job, status: JobStatus, obs: Observation, now: datetime, even
 
 def _refused(v: View) -> Transition | None:
     return Finish(False, Reason.INVALID_POD, v.refused) if v.refused else None
+
+
+def _gang_unavailable(v: View) -> Transition | None:
+    if v.placement is not gang.Placement.UNAVAILABLE:
+        return None
+    return Finish(False, Reason.GANG_UNAVAILABLE, gang.unavailable())
 
 
 def _suspension(v: View) -> Transition | None:
@@ -237,6 +264,11 @@ def _failures(v: View) -> Transition | None:
     if decision is None:
         return None
     cause = decision.cause.describe()
+    if decision.restart and not decision.counted:
+        reason = (
+            Reason.PREEMPTED if decision.cause.disruption and decision.cause.disruption.preempted else Reason.DISRUPTED
+        )
+        return Restart(reason, cause, rp.backoff_limit, counted=False)
     if decision.restart:
         return Restart(Reason.RETRYABLE, cause, rp.backoff_limit)
     if decision.backoff_exceeded:
@@ -272,16 +304,40 @@ def _succeeded(v: View) -> Transition | None:
 
 
 def _cannot_start(v: View) -> Transition | None:
-    """A rank's container is stuck before it starts: say which, and why, instead of a silent Pending."""
+    """A rank is stuck before it starts (its container cannot start, or the scheduler cannot place it):
+    say which, and why, instead of a silent Pending."""
     if v.status.phase is Phase.RUNNING:
         return None
     said = v.status.condition(ConditionType.RUNNING)
-    for rank, pod in sorted(v.obs.current.items()):
-        if pod.blocked and not pod.terminating:
-            message = f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
-            return None if said and said.message == message else Wait(blocked=message)  # said once
-    unblocked = said and said.reason == Reason.CANNOT_START and v.status.phase is not Phase.RESTARTING
+    why = _why_not_started(v)
+    if why is not None:
+        reason, message = why
+        return None if said and said.message == message else Wait(blocked=message, reason=reason)  # said once
+    stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE)
+    unblocked = said and said.reason in stuck and v.status.phase is not Phase.RESTARTING
     return Wait(unblocked=True) if unblocked else None
+
+
+def _why_not_started(v: View) -> tuple[Reason, str] | None:
+    current = sorted((rank, pod) for rank, pod in v.obs.current.items() if not pod.terminating)
+    for rank, pod in current:
+        if pod.blocked:
+            return Reason.CANNOT_START, f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
+    waiting = [(rank, pod) for rank, pod in current if pod.unschedulable]
+    if not waiting:
+        return None
+    replicas = v.job.spec.replicas
+    rank, pod = waiting[0]
+    if v.placement is gang.Placement.GANG:
+        return Reason.UNSCHEDULABLE, (
+            f"the gang of {replicas} pods is placed all or nothing, and the scheduler cannot place it yet: "
+            f"{pod.unschedulable}"
+        )
+    placed = sum(bool(p.node) for _, p in current)
+    return Reason.UNSCHEDULABLE, (
+        f"{placed} of {replicas} pods are placed (one by one, holding their resources); rank {rank} (pod {pod.name}) "
+        f"cannot be: {pod.unschedulable}"
+    )
 
 
 def _phase(v: View) -> Transition | None:
@@ -318,8 +374,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded, _cannot_start, _phase,
-    _straggler,
+    _refused, _gang_unavailable, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded,
+    _cannot_start, _phase, _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""
 SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspension,)

@@ -9,6 +9,7 @@ worker: the watch threads start in ``start``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
+
+log = logging.getLogger("ddpjob_operator")
 
 
 def _now() -> datetime:
@@ -52,7 +55,11 @@ class Runtime:
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
                              concurrency=progress_concurrency)  # fmt: skip
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
-        self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events)
+        # Asked once: serving an API group takes an apiserver restart, and the operator's restarts are cheap.
+        pod_groups = self.kube.serves_pod_groups()
+        log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
+        self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events,
+                                     pod_groups=pod_groups)  # fmt: skip
 
     def start(self) -> None:
         self.pods.start()

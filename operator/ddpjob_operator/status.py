@@ -21,6 +21,23 @@ from ddpjob_operator.times import from_time, to_time
 # Pods as observed
 
 
+@dataclass(frozen=True)
+class Disruption:
+    """A pod's DisruptionTarget condition: preempted, evicted, drained, shut down with its node..."""
+
+    reason: str
+    """PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, TerminationByKubelet..."""
+    message: str
+
+    @property
+    def preempted(self) -> bool:
+        return self.reason == "PreemptionByScheduler"
+
+    def describe(self) -> str:
+        what = "was preempted" if self.preempted else f"was disrupted ({self.reason})"
+        return f"{what}: {self.message}" if self.message else what
+
+
 @dataclass(frozen=True, kw_only=True)
 class PodView:
     """The facts about one pod that the lifecycle rules need."""
@@ -45,6 +62,10 @@ class PodView:
     node: str = ""
     blocked: str = ""
     """Why a container of the pod cannot start (``CANNOT_START``), as one line; empty when none is stuck."""
+    unschedulable: str = ""
+    """The scheduler's word for why it cannot place the pod (PodScheduled False, Unschedulable)."""
+    disruption: Disruption | None = None
+    """Why Kubernetes is taking the pod away (its DisruptionTarget condition): not the rank's failure."""
 
     @property
     def terminated(self) -> bool:
@@ -86,6 +107,24 @@ def _blocked(status: Mapping[str, Any]) -> str:
     return ""
 
 
+def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == type_), {})
+
+
+def _unschedulable(status: Mapping[str, Any]) -> str:
+    scheduled = _condition(status, "PodScheduled")
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return one_line(str(scheduled.get("message") or "")) or "no reason given"
+    return ""
+
+
+def _disruption(status: Mapping[str, Any]) -> Disruption | None:
+    target = _condition(status, "DisruptionTarget")
+    if target.get("status") != "True":
+        return None
+    return Disruption(str(target.get("reason") or "DisruptionTarget"), one_line(str(target.get("message") or "")))
+
+
 def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``."""
     meta = pod.get("metadata") or {}
@@ -123,6 +162,8 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         ip=str(status.get("podIP") or ""),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
         blocked=_blocked(status),
+        unschedulable=_unschedulable(status),
+        disruption=_disruption(status),
     )
 
 
@@ -139,8 +180,12 @@ class Failure:
     message: str = ""
     """What the rank said as it exited (its exit message or its log's last lines), on one line."""
     finished_at: str = ""
+    disruption: Disruption | None = None
+    """Kubernetes took the pod away (preemption, eviction...): a restart that is not counted."""
 
     def describe(self) -> str:
+        if self.disruption is not None:
+            return f"rank {self.rank} (pod {self.pod}) {self.disruption.describe()}"
         if self.exit_code is None:
             return f"rank {self.rank} (pod {self.pod}) {self.cause or 'failed'}"
         text = f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code}"
@@ -224,9 +269,10 @@ def observe(
             cause = found.reason and (found.reason if " " in found.reason else f"failed: {found.reason}")
             failure = Failure(rank=rank, pod=found.name, exit_code=found.exit_code, cause=cause,
                               exit_reason=found.exit_reason, message=one_line(found.message))  # fmt: skip
-            failures.append(replace(failure, finished_at=found.finished_at))
+            failures.append(replace(failure, finished_at=found.finished_at, disruption=found.disruption))
         elif found.terminating and not found.succeeded:
-            failures.append(Failure(rank=rank, pod=found.name, cause="was deleted or evicted"))
+            failures.append(Failure(rank=rank, pod=found.name, cause="was deleted or evicted",
+                                    disruption=found.disruption))  # fmt: skip
     missing = tuple(r for r in range(replicas) if r not in current)
     return Observation(
         current=current,

@@ -25,6 +25,8 @@ class Create:
     master: str
     """host:port of rank 0."""
     suspended: bool
+    placement: tuple[bool, Reason, str] | None = None
+    """The GangScheduling condition (status, reason, message), said once at creation."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,13 @@ class Finish:
 
 @dataclass(frozen=True)
 class Restart:
-    """The next attempt, counted as a restart (a retryable failure, or no progress)."""
+    """The next attempt: counted as a restart (a retryable failure, or no progress) unless ``counted`` is
+    False (a disruption: preemption, eviction)."""
 
     reason: Reason
     cause: str
     backoff_limit: int
+    counted: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,12 @@ class Run:
 
 @dataclass(frozen=True)
 class Wait:
-    """No rank has started yet. ``blocked``: why a rank's container cannot start (its image cannot be
-    pulled, a ConfigMap it needs is missing...); ``unblocked``: the one that could not got past it."""
+    """No rank has started yet. ``blocked``: why a rank cannot start (its image cannot be pulled, a
+    ConfigMap it needs is missing, the scheduler cannot place it...), said with ``reason``;
+    ``unblocked``: the one that could not got past it."""
 
     blocked: str = ""
+    reason: Reason = Reason.CANNOT_START
     unblocked: bool = False
 
 
@@ -123,15 +129,18 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
             message = (f"{transition.replicas} pods x {transition.nproc_per_node} processes "
                        f"(world size {transition.world_size}), master {transition.master}")  # fmt: skip
             status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
-            return status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now), (
-                Event(Reason.CREATED, message),
-            )
+            status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
+            if transition.placement is not None:
+                status = status.with_condition(ConditionType.GANG_SCHEDULING, *transition.placement, now)
+            return status, (Event(Reason.CREATED, message),)
         case Finish():
             return _finish(status, transition, now), (Event(transition.reason, transition.message,
                                                             warning=not transition.succeeded),)  # fmt: skip
-        case Restart(reason=reason, cause=cause, backoff_limit=limit):
-            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=status.restarts + 1)
-            message = f"{cause}; restarting the gang as attempt {status.attempt} (restart {status.restarts} of {limit})"
+        case Restart(reason=reason, cause=cause, backoff_limit=limit, counted=counted):
+            restarts = status.restarts + 1 if counted else status.restarts
+            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts)
+            count = f"restart {restarts} of {limit}" if counted else f"not counted: restarts stay {restarts} of {limit}"
+            message = f"{cause}; restarting the gang as attempt {status.attempt} ({count})"
             status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
             return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
         case Rebuild():
@@ -169,10 +178,10 @@ def _within_attempt(status: JobStatus, transition: Transition, now: datetime) ->
             if restarting and restarting.status:
                 status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
             return status, (Event(Reason.ALL_RUNNING, message),)
-        case Wait(blocked=blocked) if blocked:
-            status = _not_running(status, Reason.CANNOT_START, blocked, now)
+        case Wait(blocked=blocked, reason=reason) if blocked:
+            status = _not_running(status, reason, blocked, now)
             key = hashlib.sha256(blocked.encode()).hexdigest()[:10]  # one Event per distinct cause
-            return status, (Event(Reason.CANNOT_START, blocked, warning=True, key=key),)
+            return status, (Event(reason, blocked, warning=True, key=key),)
         case Wait(unblocked=unblocked):
             status = replace(status, phase=Phase.PENDING)
             if unblocked or status.condition(ConditionType.RUNNING) is None:

@@ -177,6 +177,6 @@ def test_a_restricted_namespace_admits_every_pod_the_operator_builds_from_the_ex
     docs = yaml.safe_load_all((REPO / "manifests" / example).read_text())
     body = next(d for d in docs if d and d["kind"] == "DDPJob")
     body["metadata"] |= {"namespace": namespace, "uid": "00000000-0000-0000-0000-000000000000"}
-    pod = builders.pod(api.parse_job(body), 0, 0)
+    pod = builders.pod(api.parse_job(body), 0, 0, gang=False)
     assert pod["spec"].get("initContainers"), "the wait-for-master init container is checked too"
     assert _refusal(cluster, namespace, pod, tmp_path) == ""

@@ -27,7 +27,7 @@ def test_the_service_is_headless_publishes_unready_pods_and_selects_the_job() ->
 
 def test_children_are_owned_by_the_job_as_controller() -> None:
     j = job()
-    for obj in (builders.service(j), builders.pod(j, 0, 0)):
+    for obj in (builders.service(j), builders.pod(j, 0, 0, gang=False)):
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
             "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "name": "train", "uid": j.uid,
@@ -36,7 +36,7 @@ def test_children_are_owned_by_the_job_as_controller() -> None:
 
 
 def test_a_pod_has_its_rank_identity_and_the_operator_restart_policy() -> None:
-    pod = builders.pod(job("train", 3), 2, 5)
+    pod = builders.pod(job("train", 3), 2, 5, gang=False)
     assert pod["metadata"]["name"] == "train-2"
     assert pod["metadata"]["labels"] == {
         LABEL_JOB_NAME: "train", LABEL_RANK: "2", LABEL_ATTEMPT: "5", LABEL_MANAGED_BY: "ddpjob",
@@ -61,17 +61,17 @@ MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
 
 @pytest.mark.parametrize(("nproc", "expected"), [(1, SINGLE), (4, MULTI)])
 def test_the_trainer_gets_the_rendezvous_environment(nproc: int, expected: dict[str, str]) -> None:
-    pod = builders.pod(job("train", 3, nprocPerNode=nproc), rank=1, attempt=4)
+    pod = builders.pod(job("train", 3, nprocPerNode=nproc), rank=1, attempt=4, gang=False)
     assert env_of(pod) == expected
 
 
 def test_the_trainer_leaves_its_exit_message_where_the_kubelet_reads_it_and_falls_back_to_its_log() -> None:
-    trainer = builders.pod(job(), 0, 0)["spec"]["containers"][0]
+    trainer = builders.pod(job(), 0, 0, gang=False)["spec"]["containers"][0]
     assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert trainer["terminationMessagePath"] == "/dev/termination-log"
     custom = {"spec": {"containers": [{"name": "t", "image": "i", "terminationMessagePath": "/tmp/said",
                                        "terminationMessagePolicy": "File"}]}}  # fmt: skip
-    trainer = builders.pod(job(template=custom), 0, 0)["spec"]["containers"][0]
+    trainer = builders.pod(job(template=custom), 0, 0, gang=False)["spec"]["containers"][0]
     assert trainer["terminationMessagePolicy"] == "File"  # the user's choice stands
     assert {"name": "TERMINATION_MESSAGE_PATH", "value": "/tmp/said"} in trainer["env"]
 
@@ -81,7 +81,7 @@ def test_injected_env_comes_first_so_user_env_can_refer_to_it() -> None:
         {"name": "t", "image": "i", "env": [{"name": "OUT", "value": "/out/$(DDPJOB_NAME)-$(RANK)"}]},
         {"name": "sidecar", "image": "s", "env": [{"name": "X", "value": "1"}]},
     ]}}  # fmt: skip
-    pod = builders.pod(job(template=template), 0, 0)
+    pod = builders.pod(job(template=template), 0, 0, gang=False)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names[-1] == "OUT" and names[: len(SINGLE)] == list(SINGLE)
     assert env_of(pod, 1) == {"X": "1"}, "only the first container is the trainer"
@@ -98,7 +98,7 @@ def test_everything_in_the_template_passes_through() -> None:
         "serviceAccountName": "trainer",
     }  # fmt: skip
     template = {"metadata": {"labels": {"team": "vision"}, "annotations": {"a": "b"}}, "spec": spec}
-    pod = builders.pod(job(template=template, waitForMasterSeconds=0), 0, 0)
+    pod = builders.pod(job(template=template, waitForMasterSeconds=0), 0, 0, gang=False)
     for key in ("volumes", "nodeSelector", "tolerations", "affinity", "priorityClassName", "securityContext",
                 "serviceAccountName"):  # fmt: skip
         assert pod["spec"][key] == spec[key], key
@@ -114,7 +114,7 @@ def test_template_labels_cannot_override_the_operator_labels() -> None:
         "metadata": {"labels": {LABEL_JOB_NAME: "other", LABEL_RANK: "9"}},
         "spec": {"containers": [{"name": "t", "image": "i"}]},
     }
-    labels = builders.pod(job(template=template), 1, 0)["metadata"]["labels"]
+    labels = builders.pod(job(template=template), 1, 0, gang=False)["metadata"]["labels"]
     assert (labels[LABEL_JOB_NAME], labels[LABEL_RANK]) == ("train", "1")
 
 
@@ -131,7 +131,7 @@ def test_the_checkpoint_volume_is_mounted_in_every_rank_and_named_in_env(
 ) -> None:
     j = job(checkpoint=checkpoint)
     for rank in range(2):
-        pod = builders.pod(j, rank, 0)
+        pod = builders.pod(j, rank, 0, gang=False)
         assert volume in pod["spec"]["volumes"]
         mount = {"name": api.CHECKPOINT_VOLUME, "mountPath": checkpoint.get("mountPath", "/checkpoints")}
         assert mount in pod["spec"]["containers"][0]["volumeMounts"]
@@ -139,7 +139,7 @@ def test_the_checkpoint_volume_is_mounted_in_every_rank_and_named_in_env(
 
 
 def test_without_a_checkpoint_there_is_no_volume_and_no_checkpoint_dir() -> None:
-    pod = builders.pod(job(), 0, 0)
+    pod = builders.pod(job(), 0, 0, gang=False)
     assert "volumes" not in pod["spec"]
     assert "CHECKPOINT_DIR" not in env_of(pod)
 
@@ -150,7 +150,7 @@ def test_each_rank_waits_for_the_master_name_in_the_trainer_image_with_its_const
         "securityContext": {"runAsNonRoot": True},
         "resources": {"limits": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": 1}},
     }], "initContainers": [{"name": "fetch", "image": "fetcher"}]}}  # fmt: skip
-    pod = builders.pod(job(template=template, waitForMasterSeconds=42), 1, 0)
+    pod = builders.pod(job(template=template, waitForMasterSeconds=42), 1, 0, gang=False)
     wait, user = pod["spec"]["initContainers"]
     assert user["name"] == "fetch"
     assert wait["name"] == api.WAIT_CONTAINER
@@ -162,14 +162,14 @@ def test_each_rank_waits_for_the_master_name_in_the_trainer_image_with_its_const
 
 
 def test_waiting_for_the_master_can_be_turned_off() -> None:
-    assert "initContainers" not in builders.pod(job(waitForMasterSeconds=0), 1, 0)["spec"]
+    assert "initContainers" not in builders.pod(job(waitForMasterSeconds=0), 1, 0, gang=False)["spec"]
 
 
 def test_building_a_pod_does_not_modify_the_job() -> None:
     j = job(checkpoint={"claimName": "c"})
     before = repr(j)
-    builders.pod(j, 0, 0)
-    builders.pod(j, 1, 3)
+    builders.pod(j, 0, 0, gang=False)
+    builders.pod(j, 1, 3, gang=False)
     assert repr(j) == before
 
 
@@ -189,6 +189,6 @@ def test_the_trainer_declares_named_metrics_and_rendezvous_ports_unless_the_temp
     ports: list[dict[str, Any]], expected: list[dict[str, Any]]
 ) -> None:
     template = {"spec": {"containers": [{"name": "t", "image": "i", "ports": ports}, {"name": "s", "image": "s"}]}}
-    pod = builders.pod(job(template=template, metricsPort=9100), 0, 0)
+    pod = builders.pod(job(template=template, metricsPort=9100), 0, 0, gang=False)
     assert pod["spec"]["containers"][0]["ports"] == expected
     assert "ports" not in pod["spec"]["containers"][1]

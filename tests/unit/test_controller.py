@@ -68,6 +68,9 @@ class FakeKube:
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         self._call("DELETE job")
 
+    def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None:
+        self._call(f"DELETE podgroups but attempt {keep_attempt}")
+
     def get_namespace(self, name: str) -> dict[str, Any] | None:
         self._call("GET namespace")
         return {"metadata": {"name": name, "deletionTimestamp": self.namespace_deleted}}
@@ -116,8 +119,11 @@ def creates() -> Iterator[Executor]:
         yield pool
 
 
-def controller(kube: FakeKube, creates: Executor, pods: FakeCache | None = None) -> Controller:
-    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, creates=creates, events=Inline())
+def controller(
+    kube: FakeKube, creates: Executor, pods: FakeCache | None = None, *, pod_groups: bool = False
+) -> Controller:
+    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, creates=creates, events=Inline(),
+                      pod_groups=pod_groups)  # fmt: skip
 
 
 def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get(
@@ -134,6 +140,57 @@ def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_creat
     assert kube.calls.count("POST Pod") == 4 and kube.calls.count("POST Service") == 1
     assert "create" in kube.threads, "pods are created on the create pool"
     assert bodies.get(KEY) is kube.job, "the status write's answer is the newest body"
+
+
+def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods_and_older_ones_go(
+    creates: Executor,
+) -> None:
+    kube = FakeKube(replicas=3)
+    posted: list[dict[str, Any]] = []
+    create = kube.create
+
+    def keep(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        posted.append(dict(obj))
+        return create(obj)
+
+    kube.create = keep  # type: ignore[method-assign]
+    ctl = controller(kube, creates, pod_groups=True)
+    ctl.bodies.put(KEY, kube.job)
+    ctl.reconcile(KEY)
+    pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
+    group = kube.calls.index("POST PodGroup")
+    assert group < min(pods), "the gang first: a pod naming an absent PodGroup would wait for it"
+    assert kube.calls[group + 1] == "DELETE podgroups but attempt 0"
+    (body,) = [o for o in posted if o["kind"] == "PodGroup"]
+    assert body["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    names = {o["spec"]["schedulingGroup"]["podGroupName"] for o in posted if o["kind"] == "Pod"}
+    assert names == {body["metadata"]["name"]}
+    status = kube.job["status"]
+    (gang,) = [c for c in status["conditions"] if c["type"] == "GangScheduling"]
+    assert gang["status"] == "True" and gang["reason"] == "PodGroup"
+
+
+def test_where_podgroups_are_not_served_auto_places_pods_one_by_one_and_says_so(creates: Executor) -> None:
+    kube = FakeKube(replicas=2)
+    ctl = controller(kube, creates, pod_groups=False)
+    ctl.bodies.put(KEY, kube.job)
+    ctl.reconcile(KEY)
+    assert "POST PodGroup" not in kube.calls and kube.calls.count("POST Pod") == 2
+    (gang,) = [c for c in kube.job["status"]["conditions"] if c["type"] == "GangScheduling"]
+    assert gang["status"] == "False" and gang["reason"] == "PodGroupNotServed" and "one by one" in gang["message"]
+
+
+def test_required_where_podgroups_are_not_served_fails_the_job_before_any_pod_is_made(creates: Executor) -> None:
+    kube = FakeKube(replicas=2)
+    kube.job["spec"]["gangScheduling"] = "Required"
+    ctl = controller(kube, creates, pod_groups=False)
+    ctl.bodies.put(KEY, kube.job)
+    ctl.reconcile(KEY)
+    assert not [c for c in kube.calls if c.startswith("POST") and c != "POST Event"]
+    status = kube.job["status"]
+    (failed,) = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert status["phase"] == "Failed" and failed["reason"] == "GangSchedulingUnavailable"
+    assert "spec.gangScheduling" in failed["message"] and "Auto" in failed["message"]
 
 
 def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_first(creates: Executor) -> None:
@@ -196,7 +253,9 @@ class ListsRunningPods(FakeKube):
     def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         self._call("LIST pods")
         job = parse_job(self.job)
-        return [{**builders.pod(job, r, 0), "status": {"phase": "Running"}} for r in range(job.spec.replicas)]
+        return [
+            {**builders.pod(job, r, 0, gang=False), "status": {"phase": "Running"}} for r in range(job.spec.replicas)
+        ]
 
 
 def test_a_plan_that_would_end_the_job_from_the_cache_alone_is_made_again_from_a_list(creates: Executor) -> None:
@@ -206,7 +265,10 @@ def test_a_plan_that_would_end_the_job_from_the_cache_alone_is_made_again_from_a
     ctl.reconcile(KEY)
     ctl.reconcile(KEY)  # the ranks run: phase Running
     job = parse_job(kube.job)
-    cache.shown = [failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)]  # a permanent failure
+    cache.shown = [
+        failed(builders.pod(job, 0, 0, gang=False), exit_code=1),
+        builders.pod(job, 1, 0, gang=False),
+    ]  # a permanent failure
     kube.calls.clear()
     ctl.reconcile(KEY)
     assert "LIST pods" in kube.calls, "the cache said the job failed: the apiserver is asked before acting"
@@ -306,9 +368,11 @@ def test_a_plan_that_ends_something_in_a_living_namespace_goes_ahead(creates: Ex
     ctl.reconcile(KEY)
     ctl.reconcile(KEY)
     job = parse_job(kube.job)
-    ctl._pods = FakeCache([failed(builders.pod(job, 0, 0), exit_code=1), builders.pod(job, 1, 0)])
-    kube.list_pods = lambda namespace, name: [failed(builders.pod(job, 0, 0), exit_code=1),  # type: ignore[method-assign]
-                                              builders.pod(job, 1, 0)]  # fmt: skip
+    ctl._pods = FakeCache(
+        [failed(builders.pod(job, 0, 0, gang=False), exit_code=1), builders.pod(job, 1, 0, gang=False)]
+    )
+    kube.list_pods = lambda namespace, name: [failed(builders.pod(job, 0, 0, gang=False), exit_code=1),  # type: ignore[method-assign]
+                                              builders.pod(job, 1, 0, gang=False)]  # fmt: skip
     kube.calls.clear()
     ctl.reconcile(KEY)
     assert "GET namespace" in kube.calls and kube.job["status"]["phase"] == "Failed"

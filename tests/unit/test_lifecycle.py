@@ -12,7 +12,7 @@ from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import RankSample, Scrape
-from ddpjob_operator.status import JobStatus, PodView, pod_view
+from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
 
 from .factories import job, pod
 
@@ -242,6 +242,74 @@ def test_deleting_or_evicting_a_pod_is_a_retryable_failure(change: dict[str, Any
     c.step()
     assert c.status.phase is Phase.RESTARTING and c.status.restarts == 1
     assert cause in c.condition("Restarting")[2]
+
+
+PREEMPTED = Disruption("PreemptionByScheduler", "preempted by a higher-priority pod group")
+
+
+@pytest.mark.parametrize("policy", ["ExitCode", "Never"])
+def test_a_preempted_gang_restarts_without_using_up_backoff_limit_whatever_the_restart_policy(policy: str) -> None:
+    c = running(3, runPolicy={"backoffLimit": 0, "restartPolicy": policy})
+    c.set_all(terminating=True, disruption=PREEMPTED)
+    c.step()
+    assert c.status.phase is Phase.RESTARTING and (c.status.attempt, c.status.restarts) == (1, 0)
+    status, reason, message = c.condition("Restarting")
+    assert (status, reason) == (True, "Preempted")
+    assert "rank 0 (pod train-0) was preempted: preempted by a higher-priority pod group" in message
+    assert "not counted" in message
+    c.pods.clear()  # the scheduler's deletions complete
+    restarted_and_running(c)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+
+
+def test_a_drained_rank_is_a_disruption_and_its_peers_exits_do_not_count_either() -> None:
+    c = running(2, runPolicy={"backoffLimit": 0})
+    c.set(0, phase="Failed", exit_code=143, disruption=Disruption("EvictionByEvictionAPI", "Eviction API: evicting"))
+    c.set(1, phase="Failed", exit_code=200)
+    c.step()
+    assert c.status.phase is Phase.RESTARTING and c.status.restarts == 0
+    assert c.condition("Restarting")[1] == "Disrupted"
+
+
+def test_a_bug_beside_a_preemption_still_fails_the_job() -> None:
+    c = running(2)
+    c.set(0, terminating=True, disruption=PREEMPTED)
+    c.set(1, phase="Failed", exit_code=1)
+    c.step()
+    assert c.status.phase is Phase.FAILED and c.condition("Failed")[1] == "NonRetryableFailure"
+
+
+def test_pods_the_scheduler_cannot_place_one_by_one_say_how_many_are_placed_and_why_once() -> None:
+    c = FakeCluster(job(replicas=3))
+    c.settle()
+    c.set(0, node="node-a")
+    c.set(1, node="node-a")
+    c.set(2, node="", unschedulable="0/1 nodes are available: 1 Insufficient example.com/slot.")
+    p = c.step()
+    status, reason, message = c.condition("Running")
+    assert c.status.phase is Phase.PENDING and (status, reason) == (False, "Unschedulable")
+    assert message.startswith("2 of 3 pods are placed") and "rank 2 (pod train-2)" in message
+    assert "Insufficient example.com/slot" in message
+    assert [e.reason for e in p.events] == ["Unschedulable"]
+    assert c.step().events == (), "said once"
+    c.set(2, node="node-a", unschedulable="")
+    c.step()
+    assert c.condition("Running")[1] == "PodsPending", "placed: no longer said to be unschedulable"
+
+
+def test_a_gang_the_scheduler_cannot_place_says_it_is_placed_all_or_nothing() -> None:
+    c = FakeCluster(job(replicas=6))
+    c.status = plan(c.job, c.status, [], T0, pod_groups=True).status
+    p = plan(c.job, c.status, [], T0, pod_groups=True)
+    assert p.gang and p.create_pod_group and p.create_ranks == tuple(range(6))
+    views = [pod(c.job, r, 0, node="", unschedulable="0/1 nodes are available: 1 Insufficient example.com/slot.")
+             for r in range(6)]  # fmt: skip
+    status = plan(c.job, p.status, views, T0, pod_groups=True).status
+    status = plan(c.job, status, views, T0, pod_groups=True).status
+    running_ = status.condition("Running")
+    assert running_ is not None and running_.reason == "Unschedulable" and status.phase is Phase.PENDING
+    assert running_.message.startswith("the gang of 6 pods is placed all or nothing")
+    assert "Insufficient example.com/slot" in running_.message
 
 
 def test_after_backoff_limit_restarts_the_job_fails_and_nothing_keeps_running() -> None:

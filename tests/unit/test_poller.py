@@ -126,7 +126,9 @@ def test_a_reconcile_runs_to_the_end_while_a_poll_of_the_same_job_waits_on_a_sil
         poller = Poller(woken.append, timeout=60)  # the poll below would wait a minute
         reconciled = asyncio.Event()
         kube = FakeKube(replicas=1)
-        controller = Controller(kube, FakeCache(), poller, lambda: T0, creates=Inline(), events=Inline())
+        controller = Controller(
+            kube, FakeCache(), poller, lambda: T0, creates=Inline(), events=Inline(), pod_groups=False
+        )
 
         async def run_reconcile(key: Key) -> float | None:
             result = await asyncio.to_thread(controller.reconcile, key)

@@ -100,7 +100,7 @@ def test_every_admissible_spec_parses_and_builds_pods_that_honour_the_contract(s
     assert builders.service(j)["spec"]["clusterIP"] == "None"
     names = set()
     for rank in range(j.spec.replicas):
-        pod = builders.pod(j, rank, 0)
+        pod = builders.pod(j, rank, 0, gang=False)
         names.add(pod["metadata"]["name"])
         assert len(pod["spec"]["hostname"]) <= 63
         env = [e["name"] for e in pod["spec"]["containers"][0]["env"]]

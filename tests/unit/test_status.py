@@ -133,3 +133,23 @@ def test_a_condition_keeps_its_transition_time_until_its_status_flips() -> None:
 
 def test_pod_view_defaults_describe_a_pending_pod() -> None:
     assert PodView(name="x").phase == "Pending"
+
+
+def test_a_pods_scheduling_refusal_and_its_disruption_target_are_read_from_its_conditions() -> None:
+    from ddpjob_operator.status import Disruption, pod_view
+
+    raw = {
+        "metadata": {"name": "train-1", "labels": {"ddpjob.dev/rank": "1", "ddpjob.dev/attempt": "0"},
+                     "deletionTimestamp": "2026-11-23T00:00:00Z"},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/1 nodes are available:\n 1 Insufficient example.com/slot."},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+             "message": "preempted by pod group t/high-attempt-0"},
+        ]},
+    }  # fmt: skip
+    view = pod_view(raw, "trainer")
+    assert view.unschedulable == "0/1 nodes are available: | 1 Insufficient example.com/slot."
+    assert view.disruption == Disruption("PreemptionByScheduler", "preempted by pod group t/high-attempt-0")
+    assert view.disruption.preempted
+    assert pod_view({"metadata": {"name": "x"}, "status": {}}, "trainer").disruption is None

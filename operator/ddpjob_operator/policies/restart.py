@@ -4,6 +4,11 @@
 >= 128 (signals, and the trainer's 200 for a lost peer), codes in ``retryableExitCodes``, and
 failures without an exit code (a deleted or evicted pod), and gives up at once on the rest
 (1 for a bug, 2 for a permanent config or data error).
+
+A rank that Kubernetes took away (its pod has a DisruptionTarget condition: preempted by a
+higher-priority job, evicted, drained, shut down with its node) did not fail: the gang restarts,
+whatever the policy, and the restart is not counted against ``backoffLimit`` (the Job controller
+treats ``DisruptionTarget`` the same way).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Decision:
     cause: Failure
     """The failure the decision is about: the first non-retryable one, else the earliest."""
     backoff_exceeded: bool = False
+    counted: bool = True
+    """False for a disruption: the restart does not use up backoffLimit."""
 
 
 def decide(failures: Sequence[Failure], policy: RunPolicy, restarts: int) -> Decision | None:
@@ -39,9 +46,12 @@ def decide(failures: Sequence[Failure], policy: RunPolicy, restarts: int) -> Dec
     if not failures:
         return None
     ordered = sorted_failures(failures)
-    fatal = [f for f in ordered if not is_retryable(f, policy)]
+    fatal = [f for f in ordered if f.disruption is None and not is_retryable(f, policy)]
     if fatal:
         return Decision(restart=False, cause=fatal[0])
+    disrupted = [f for f in ordered if f.disruption is not None]
+    if disrupted:
+        return Decision(restart=True, cause=disrupted[0], counted=False)
     if restarts >= policy.backoff_limit:
         return Decision(restart=False, cause=ordered[0], backoff_exceeded=True)
     return Decision(restart=True, cause=ordered[0])

@@ -1,0 +1,62 @@
+"""How a job's ranks are placed: as one gang (a PodGroup per attempt, all or nothing) or one by one.
+
+``spec.gangScheduling`` chooses; whether the cluster serves PodGroups decides what ``Auto`` gets.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ddpjob_contract.pods import POD_GROUP_API
+from ddpjob_contract.status import Reason
+from ddpjob_operator.api import GangScheduling
+
+HOW_TO_SERVE = (
+    f"Kubernetes 1.37 or later with the GenericWorkload feature gate on the apiserver and the scheduler, "
+    f"and --runtime-config={POD_GROUP_API}=true"
+)
+
+
+class Placement(Enum):
+    GANG = "gang"
+    ONE_BY_ONE = "one by one"
+    UNAVAILABLE = "unavailable"
+    """Required, but the cluster does not serve PodGroups: the job fails before any pod is made."""
+
+
+def placement(mode: GangScheduling, served: bool) -> Placement:
+    if mode is GangScheduling.DISABLED:
+        return Placement.ONE_BY_ONE
+    if served:
+        return Placement.GANG
+    return Placement.UNAVAILABLE if mode is GangScheduling.REQUIRED else Placement.ONE_BY_ONE
+
+
+def condition(mode: GangScheduling, served: bool, replicas: int) -> tuple[bool, Reason, str]:
+    """The GangScheduling condition, said once when the job is created."""
+    match placement(mode, served):
+        case Placement.GANG:
+            return (
+                True,
+                Reason.GANG,
+                f"each attempt's {replicas} pods are placed all or nothing (a PodGroup, minCount {replicas})",
+            )
+        case Placement.UNAVAILABLE:
+            return False, Reason.GANG_UNAVAILABLE, unavailable()
+    if mode is GangScheduling.DISABLED:
+        return False, Reason.GANG_DISABLED, "spec.gangScheduling is Disabled: pods are placed one by one"
+    return (
+        False,
+        Reason.GANG_NOT_SERVED,
+        (
+            f"the cluster does not serve PodGroups ({POD_GROUP_API}): pods are placed one by one, and ranks placed "
+            f"while others wait hold their resources (gang scheduling needs {HOW_TO_SERVE})"
+        ),
+    )
+
+
+def unavailable() -> str:
+    return (
+        f"spec.gangScheduling is Required, but the cluster does not serve PodGroups ({POD_GROUP_API}); "
+        f"that needs {HOW_TO_SERVE}. Set spec.gangScheduling to Auto to place the pods one by one"
+    )
