@@ -18,6 +18,9 @@ from ddpjob_box.prometheus import Prometheus
 from ddpjob_box.provisioner import storage_class
 
 NODE_NAME = "box-node"
+SLOT_RESOURCE = "example.com/slot"
+"""An extended resource the box's node advertises, as a device plugin would: for scheduling tests and demos."""
+DEFAULT_SLOTS = 4
 
 
 def shipped_images() -> list[str]:
@@ -60,9 +63,12 @@ class Box:
             self.stop()
             raise
 
-    def start_node(self, *, images: Sequence[str] = (), taints: tuple[str, ...] = ()) -> KubeletNode:
+    def start_node(
+        self, *, images: Sequence[str] = (), taints: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS
+    ) -> KubeletNode:
         """Start the box's node on first use: kubelet, containerd and runc, running the local base image and
-        ``images`` (built locally, imported into its containerd), and only pods that tolerate ``taints``."""
+        ``images`` (built locally, imported into its containerd), and only pods that tolerate ``taints``.
+        It advertises ``slots`` of SLOT_RESOURCE, an extended resource for scheduling tests (not a GPU)."""
         assert self.plane is not None
         if self.node is None:
             node = KubeletNode(
@@ -75,6 +81,7 @@ class Box:
                 importer=local_images.import_into_containerd,
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
+                extended_resources={SLOT_RESOURCE: slots},
             )
             self.nodes_started += 1
             node.start()

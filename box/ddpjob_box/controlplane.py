@@ -23,6 +23,7 @@ from ddpjob_box.errors import BoxError
 from ddpjob_box.pki import make_pki
 from ddpjob_box.ports import free_port, require_free
 from ddpjob_box.processes import Component, pid_alive, tail, wait_until
+from ddpjob_contract.pods import POD_GROUP_API
 
 LOCK_FILE = "box.pid"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -77,10 +78,16 @@ class ControlPlane:
     extra_ips: tuple[str, ...] = ()
     # Extra flags per component name, appended last so they override the defaults.
     extra_args: dict[str, list[str]] = field(default_factory=dict)
+    pod_groups: bool = True
+    """Serve the PodGroup API and schedule gangs (GenericWorkload); False: a cluster without them."""
     components: list[Component] = field(default_factory=list)
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
     etcd_url: str = ""
     """etcd's client URL (its v3 JSON gateway too), once started."""
+
+    def _gang_flags(self) -> list[str]:
+        """The Workload and PodGroup API and gang scheduling (beta in 1.37, off by default)."""
+        return [f"--feature-gates=GenericWorkload={str(self.pod_groups).lower()}"]
 
     @property
     def kubeconfig(self) -> Path:
@@ -199,6 +206,8 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
+                *self._gang_flags(),
+                f"--runtime-config={POD_GROUP_API}={str(self.pod_groups).lower()}",
             ],
         )
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
@@ -236,6 +245,7 @@ class ControlPlane:
                     "--leader-elect=false",
                     "--bind-address=127.0.0.1",
                     f"--secure-port={free_port()}",
+                    *self._gang_flags(),
                     *extra,
                 ],
             )

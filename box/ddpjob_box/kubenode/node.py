@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,8 @@ class KubeletNode:
     importer: Importer
     images: Sequence[str] = ()
     taints: tuple[str, ...] = ()
+    # Extended resources the node advertises (e.g. {"example.com/slot": 4}), as a device plugin would
+    extended_resources: Mapping[str, int] = field(default_factory=dict)
     # CoreDNS on the bridge address, named in kubelet's clusterDNS, so pods resolve services and pods by name
     with_dns: bool = True
     # kube-proxy, plus a forwarder from the bridge to the apiserver, so pods reach kubernetes.default.svc
@@ -233,6 +235,21 @@ class KubeletNode:
         self.kubelet.start()
         watch = [c for c in (self.containerd, self.kubelet) if c]
         wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=watch)
+        if self.extended_resources:
+            self.advertise(self.extended_resources)
+
+    def advertise(self, resources: Mapping[str, int]) -> None:
+        """Set extended resources in the node's capacity (kubelet keeps them, and derives allocatable)."""
+        capacity = {name: str(count) for name, count in resources.items()}
+        self._api_write("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": {"capacity": capacity}})
+        wanted = set(capacity.items())
+
+        def allocatable() -> bool:
+            node = self._api_get(f"/api/v1/nodes/{self.name}") or {}
+            return wanted <= set(((node.get("status") or {}).get("allocatable") or {}).items())
+
+        watch = [c for c in (self.kubelet,) if c]
+        wait_until(f"node {self.name} to advertise {capacity}", allocatable, 60, watch=watch)
 
     def _start_kube_proxy(self, binary: Path) -> None:
         pki, port = self.plane.data_dir / "pki", self.plane.apiserver_port
@@ -313,13 +330,17 @@ class KubeletNode:
             return None
 
     def _api_write(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
-        """POST or DELETE as the box admin; a 409 on create and a 404 on delete are what was wanted."""
+        """POST, PATCH (a merge patch) or DELETE as the box admin; a 409 on create and a 404 on delete are
+        what was wanted."""
         ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
         request = urllib.request.Request(
             self.plane.server + path,
             method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Bearer {self.plane.admin_token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {self.plane.admin_token}",
+                "Content-Type": "application/merge-patch+json" if method == "PATCH" else "application/json",
+            },
         )
         try:
             urllib.request.urlopen(request, context=ctx, timeout=5).close()
