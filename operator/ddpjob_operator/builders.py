@@ -68,7 +68,14 @@ def pod_group_name(job_name: str, attempt: int) -> str:
 
 def pod_group(job: Job, attempt: int) -> dict[str, Any]:
     """The gang of attempt ``attempt``: the scheduler binds all ``replicas`` pods at once or none, and
-    preempts them together (disruptionMode all)."""
+    preempts them together (disruptionMode all), at the pods' priority."""
+    spec: dict[str, Any] = {
+        "schedulingPolicy": {"gang": {"minCount": job.spec.replicas}},
+        "disruptionMode": {"all": {}},
+    }
+    priority_class = (job.spec.template.get("spec") or {}).get("priorityClassName")
+    if priority_class:
+        spec["priorityClassName"] = priority_class
     return {
         "apiVersion": POD_GROUP_API,
         "kind": "PodGroup",
@@ -78,10 +85,7 @@ def pod_group(job: Job, attempt: int) -> dict[str, Any]:
             "labels": {**selector(job.name), LABEL_ATTEMPT: str(attempt)},
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": {
-            "schedulingPolicy": {"gang": {"minCount": job.spec.replicas}},
-            "disruptionMode": {"all": {}},
-        },
+        "spec": spec,
     }
 
 

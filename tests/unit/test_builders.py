@@ -192,3 +192,20 @@ def test_the_trainer_declares_named_metrics_and_rendezvous_ports_unless_the_temp
     pod = builders.pod(job(template=template, metricsPort=9100), 0, 0, gang=False)
     assert pod["spec"]["containers"][0]["ports"] == expected
     assert "ports" not in pod["spec"]["containers"][1]
+
+
+def test_an_attempts_podgroup_is_a_gang_of_every_rank_at_the_pods_priority_owned_by_the_job() -> None:
+    template = {"spec": {"priorityClassName": "high", "containers": [{"name": "trainer", "image": "img"}]}}
+    j = job("train", 4, template=template)
+    group = builders.pod_group(j, 2)
+    assert group["metadata"]["name"] == "train-attempt-2"
+    assert group["metadata"]["labels"][LABEL_ATTEMPT] == "2"
+    assert group["spec"] == {
+        "schedulingPolicy": {"gang": {"minCount": 4}},
+        "disruptionMode": {"all": {}},
+        "priorityClassName": "high",
+    }
+    assert group["metadata"]["ownerReferences"][0]["uid"] == j.uid
+    pod = builders.pod(j, 1, 2, gang=True)
+    assert pod["spec"]["schedulingGroup"] == {"podGroupName": "train-attempt-2"}
+    assert "schedulingGroup" not in builders.pod(j, 1, 2, gang=False)["spec"]
