@@ -28,6 +28,7 @@ from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.configs import NodeLayout
 from ddpjob_box.kubenode.node import RECORD
 from tests.conftest import Cluster
+from tests.e2e.kube import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 
@@ -119,3 +120,13 @@ def test_claiming_a_killed_boxs_data_dir_kills_its_pods_and_shims_and_restores_t
     assert _mentioning(sockets) == []
     assert hoststate.compare(before, hoststate.snapshot(node_dir, name[-12:])) == []
     assert not Path(sockets).exists()
+    # Its kubernetes EndpointSlice goes with its Node: left behind, it sent a share of every later pod's
+    # connections to kubernetes.default.svc to this node's dead gateway.
+    discovery = client.DiscoveryV1Api(api_client)
+    wait_for(
+        f"the garbage collector to delete kubernetes-{name}",
+        lambda: not [s for s in discovery.list_namespaced_endpoint_slice("default").items
+                     if s.metadata.name == f"kubernetes-{name}"],
+        60,
+        interval=0.5,
+    )  # fmt: skip

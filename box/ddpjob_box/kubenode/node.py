@@ -264,8 +264,14 @@ class KubeletNode:
         # The apiserver runs with --endpoint-reconciler-type=none: the box says where the kubernetes Service goes.
         # Replaced, not just created: a slice of the same name left by an earlier node would route
         # kubernetes.default.svc to that node's gateway, which no longer exists (pods' connections time out).
+        # Owned by the Node: deleting the Node (a crashed node's, say) makes the garbage collector delete
+        # the slice, or it would keep sending a share of kubernetes.default.svc to a dead gateway.
         self._api_write("DELETE", f"{SLICES}/kubernetes-{self.name}")
-        self._api_write("POST", SLICES, self._api_slice())
+        registered = self._api_get(f"/api/v1/nodes/{self.name}")
+        if registered is None:
+            log = self.plane.logs_dir / f"kubelet-{self.name}.log"
+            raise BoxError(f"node {self.name} is Ready but not registered; see {log}")
+        self._api_write("POST", SLICES, self._api_slice(str(registered["metadata"]["uid"])))
         cert = f"kube-proxy-{self.name}"
         issue_cert(pki, cert, "/CN=system:kube-proxy", server=False)
         kubeconfig_path = self.directory / "kube-proxy.kubeconfig"
@@ -296,12 +302,13 @@ class KubeletNode:
             watch=[self.kube_proxy, self.api_forwarder],
         )
 
-    def _api_slice(self) -> dict[str, Any]:
+    def _api_slice(self, node_uid: str) -> dict[str, Any]:
         return {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
             "metadata": {
                 "name": f"kubernetes-{self.name}",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node_uid}],
                 "labels": {
                     "kubernetes.io/service-name": "kubernetes",
                     "endpointslice.kubernetes.io/managed-by": "ddpjob-box",
