@@ -68,6 +68,7 @@ class Trial:
     order: str
     """The job that finished first, then the other ("a,b"); empty unless both succeeded."""
     seconds: float
+    timeline: list[str]
 
 
 class Watch:
@@ -77,6 +78,10 @@ class Watch:
         self.core, self.namespace, self.jobs = core, namespace, jobs
         self.partial_since: dict[str, float | None] = dict.fromkeys(jobs)
         self.seen_partial: set[str] = set()
+        self.started = time.monotonic()
+        self.timeline: list[str] = []
+        """'<seconds> <job>: <bound pods>' whenever a job's bound pods change."""
+        self._bound: dict[str, list[str]] = {}
 
     def poll(self) -> set[str]:
         """The jobs partly placed for STUCK_SECONDS on end, as of now."""
@@ -84,7 +89,11 @@ class Watch:
         now = time.monotonic()
         for job in self.jobs:
             mine = [p for p in pods if (p.metadata.labels or {}).get("ddpjob.dev/job-name") == job]
-            bound = sum(bool(p.spec.node_name) for p in mine)
+            names = sorted(f"{p.metadata.name}({p.status.phase})" for p in mine if p.spec.node_name)
+            if names != self._bound.get(job):
+                self._bound[job] = names
+                self.timeline.append(f"{now - self.started:.2f} {job}: {len(mine)} pods, bound {names}")
+            bound = len(names)
             if 0 < bound < RANKS:
                 since = self.partial_since[job] or now
                 self.partial_since[job] = since
@@ -137,7 +146,8 @@ def trial(core: Any, custom: Any, namespace: str, mode: str) -> Trial:
                                                    body={"propagationPolicy": "Foreground"})  # fmt: skip
         _wait_empty(core, namespace)
     order = ",".join(n.split("-")[0] for n in finished) if outcome == "succeeded" else ""
-    return Trial(mode, outcome, len(watch.seen_partial), order, round(time.monotonic() - started, 1))
+    seconds = round(time.monotonic() - started, 1)
+    return Trial(mode, outcome, len(watch.seen_partial), order, seconds, watch.timeline)
 
 
 def _wait_empty(core: Any, namespace: str, timeout: float = 120.0) -> None:

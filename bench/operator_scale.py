@@ -55,14 +55,18 @@ RECONCILE = "ddpjob_operator_reconcile_duration_seconds"
 TRAINER = {"name": "trainer", "image": "registry.example/ddp-trainer:1", "command": ["python", "-m", "ddp_trainer"]}
 
 
-def job_body(name: str, replicas: int) -> dict[str, Any]:
+def job_body(name: str, replicas: int, gang_scheduling: str = "Auto") -> dict[str, Any]:
     from ddpjob_operator import api
 
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "metadata": {"name": name},
-        "spec": {"replicas": replicas, "template": {"spec": {"containers": [TRAINER]}}},
+        "spec": {
+            "replicas": replicas,
+            "gangScheduling": gang_scheduling,
+            "template": {"spec": {"containers": [TRAINER]}},
+        },
     }
 
 
@@ -343,7 +347,7 @@ def _frame_name(frame: str) -> str:
 
 
 def create_jobs(client: Api, watch: PodWatch, namespace: str, names: list[str], replicas: int, rate: float,
-                threads: int) -> list[str]:  # fmt: skip
+                threads: int, gang_scheduling: str = "Auto") -> list[str]:  # fmt: skip
     """Create the jobs at ``rate`` per second (0: as fast as possible) from ``threads`` threads; returns errors."""
     errors: list[str] = []
     lock = threading.Lock()
@@ -361,7 +365,7 @@ def create_jobs(client: Api, watch: PodWatch, namespace: str, names: list[str], 
             times = watch.job(namespace, names[i])
             times.sent = time.perf_counter()
             try:
-                client.post(jobs_path(namespace), job_body(names[i], replicas))
+                client.post(jobs_path(namespace), job_body(names[i], replicas, gang_scheduling))
             except (apiserver.ApiError, OSError) as err:
                 with lock:
                     errors.append(f"{names[i]}: {err}")
@@ -409,13 +413,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--workers", type=int, default=0,
         help="the operator's --workers (reconciles in flight at once); 0: its default",
     )  # fmt: skip
+    parser.add_argument(
+        "--gang-scheduling", default="Auto", choices=["Auto", "Disabled"],
+        help="the jobs' spec.gangScheduling: Auto makes one PodGroup per job (the box serves them)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
     args = parser.parse_args(argv)
 
     from ddpjob_box.box import Box
 
     offered = f"offered at {args.rate:g} jobs/s" if args.rate else "created as fast as possible"
-    log(f"{NAME}: {args.jobs} jobs x {args.replicas} ranks, {offered}")
+    log(f"{NAME}: {args.jobs} jobs x {args.replicas} ranks, {offered}, gangScheduling {args.gang_scheduling}")
     with (
         tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
         Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False) as box,
@@ -431,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         watch = PodWatch(client, args.replicas)
         try:
             started = time.monotonic()
-            client.post(jobs_path("bench-warmup"), job_body("warmup", args.replicas))
+            client.post(jobs_path("bench-warmup"), job_body("warmup", args.replicas, args.gang_scheduling))
             if watch.wait([("bench-warmup", "warmup")], 60) != 1:
                 op.check_alive()
                 raise RuntimeError(f"the operator did not create the warm-up job's pods:\n{op.log_tail()}")
@@ -446,7 +454,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             profiler = Profiler(op.pid, args.out / f"{NAME}.pyspy.txt") if args.profile else None
             names = [f"j{i:05d}" for i in range(args.jobs)]
             wall = time.perf_counter()
-            create_errors = create_jobs(client, watch, "bench-scale", names, args.replicas, args.rate, args.creators)
+            create_errors = create_jobs(client, watch, "bench-scale", names, args.replicas, args.rate, args.creators,
+                                        args.gang_scheduling)  # fmt: skip
             log(f"  {args.jobs} creates sent in {time.perf_counter() - wall:.1f}s ({len(create_errors)} errors)")
             done = watch.wait([("bench-scale", n) for n in names], args.timeout)
             wall = time.perf_counter() - wall

@@ -41,16 +41,29 @@ _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "anno
 _KEPT_STATUS = ("phase", "reason", "podIP", "containerStatuses", "initContainerStatuses")
 
 
+_KEPT_CONDITIONS = ("PodScheduled", "DisruptionTarget")
+"""Why the scheduler cannot place the pod; why Kubernetes is taking it away."""
+
+
 def slim(pod: Mapping[str, Any]) -> Pod:
     """What reconciles read of a pod (``status.pod_view``). The rest of the body (managedFields, the
-    containers, the conditions) is most of its size, and changes of it alone need no reconcile."""
+    containers, the other conditions and every condition's timestamps) is most of its size, and
+    changes of it alone need no reconcile."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
+    kept = {k: status[k] for k in _KEPT_STATUS if k in status}
+    conditions = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") in _KEPT_CONDITIONS
+    ]
+    if conditions:
+        kept["conditions"] = conditions
     return {
         "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
         "spec": {"nodeName": node} if node else {},
-        "status": {k: status[k] for k in _KEPT_STATUS if k in status},
+        "status": kept,
     }
 
 

@@ -38,7 +38,10 @@ def test_two_gangs_that_each_need_3_of_4_slots_are_never_partly_placed_and_run_o
     """The make-test share of bench.gang_deadlock (20 trials each way, in README)."""
     for _ in range(2):
         result = trial(jobs.core, jobs.custom, jobs.ns, "Auto")
-        assert (result.outcome, result.partial) == ("succeeded", 0), result
+        timeline = "\n".join(result.timeline)
+        assert (result.outcome, result.partial) == ("succeeded", 0), (
+            f"{result.outcome}, seen partly placed:\n{timeline}"
+        )
 
 
 def test_a_gang_larger_than_the_node_stays_pending_naming_the_shortfall_and_binds_nothing(
@@ -50,7 +53,12 @@ def test_a_gang_larger_than_the_node_stays_pending_naming_the_shortfall_and_bind
         running = jobs.condition("six", "Running")
         return running if running and running["reason"] == "Unschedulable" else None
 
-    condition = wait_for("the job to say why its gang is not placed", said, 120, interval=1)
+    try:
+        condition = wait_for("the job to say why its gang is not placed", said, 120, interval=1)
+    except pytest.fail.Exception:
+        pods = jobs.core.list_namespaced_pod(jobs.ns).items
+        conditions = {p.metadata.name: [(c.type, c.reason, c.message) for c in p.status.conditions or []] for p in pods}
+        pytest.fail(f"status: {jobs.status('six')}\npods: {conditions}", pytrace=False)
     assert jobs.status("six")["phase"] == "Pending"
     message = condition["message"]
     assert "gang of 6 pods" in message and "all or nothing" in message, message

@@ -89,8 +89,18 @@ def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
         "containerStatuses": [
             {"name": "trainer", "state": {"terminated": {"exitCode": 200, "finishedAt": "2026-11-23T00:00:01Z"}}}
         ],
-    }
-    assert pod_view(slim(whole), "trainer") == pod_view(whole, "trainer")
+        # what the scheduler says of a pod it cannot place, or preempts (read by pod_view); Ready is not read
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "minCount (6)",
+             "lastTransitionTime": "2026-11-23T00:00:00Z"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "by g"},
+            {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-23T00:00:00Z"},
+        ],
+    }  # fmt: skip
+    view = pod_view(slim(whole), "trainer")
+    assert view == pod_view(whole, "trainer")
+    assert view.unschedulable and view.disruption, "the scheduler's words survive slimming"
+    assert [c["type"] for c in slim(whole)["status"]["conditions"]] == ["PodScheduled", "DisruptionTarget"]
     assert "managedFields" not in slim(whole)["metadata"] and "containers" not in slim(whole)["spec"]
 
 
@@ -102,10 +112,20 @@ def test_only_changes_that_reconciles_read_concern_the_job() -> None:
     echoed = pod("train-0", "a")
     echoed["metadata"]["resourceVersion"] = "5"
     assert index.apply("ADDED", echoed) is None, "the watch's ADDED of the pod we created: nothing new"
+    initialized = pod("train-0", "a")
+    initialized["metadata"]["resourceVersion"] = "6"
+    initialized["status"]["conditions"] = [{"type": "Initialized", "status": "False"}]
+    assert index.apply("MODIFIED", initialized) is None, "a condition we do not read changes nothing"
     unschedulable = pod("train-0", "a")
-    unschedulable["metadata"]["resourceVersion"] = "6"
-    unschedulable["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
-    assert index.apply("MODIFIED", unschedulable) is None, "a condition alone changes nothing we read"
+    unschedulable["metadata"]["resourceVersion"] = "7"
+    unschedulable["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    assert index.apply("MODIFIED", unschedulable) == ("ns", "train"), "why the scheduler cannot place it"
+    again = {**unschedulable, "metadata": {**unschedulable["metadata"], "resourceVersion": "8"}}
+    again["status"] = {
+        **unschedulable["status"],
+        "conditions": [{**unschedulable["status"]["conditions"][0], "lastTransitionTime": "2026-11-23T00:00:00Z"}],
+    }
+    assert index.apply("MODIFIED", again) is None, "a condition's timestamp alone changes nothing we read"
     assert index.apply("MODIFIED", pod("train-0", "a", phase="Running")) == ("ns", "train")
     assert index.apply("DELETED", pod("train-0", "a")) == ("ns", "train")
 
