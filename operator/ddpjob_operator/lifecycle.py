@@ -329,10 +329,7 @@ def _why_not_started(v: View) -> tuple[Reason, str] | None:
     replicas = v.job.spec.replicas
     rank, pod = waiting[0]
     if v.placement is gang.Placement.GANG:
-        return Reason.UNSCHEDULABLE, (
-            f"the gang of {replicas} pods is placed all or nothing, and the scheduler cannot place it yet: "
-            f"{pod.unschedulable}"
-        )
+        return Reason.UNSCHEDULABLE, gang.unplaced(replicas, [p.unschedulable for _, p in waiting])
     placed = sum(bool(p.node) for _, p in current)
     return Reason.UNSCHEDULABLE, (
         f"{placed} of {replicas} pods are placed (one by one, holding their resources); rank {rank} (pod {pod.name}) "

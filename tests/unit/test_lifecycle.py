@@ -308,7 +308,7 @@ def test_a_gang_the_scheduler_cannot_place_says_it_is_placed_all_or_nothing() ->
     status = plan(c.job, status, views, T0, pod_groups=True).status
     running_ = status.condition("Running")
     assert running_ is not None and running_.reason == "Unschedulable" and status.phase is Phase.PENDING
-    assert running_.message.startswith("the gang of 6 pods is placed all or nothing")
+    assert running_.message.startswith("the gang of 6 pods is placed all or nothing, and the scheduler cannot")
     assert "Insufficient example.com/slot" in running_.message
 
 
@@ -747,3 +747,21 @@ def test_a_rank_that_is_slow_to_serve_is_not_taken_for_silent() -> None:
     c.settle()
     assert c.status.progress is not None and c.status.progress.silent == ()
     assert c.status.phase is Phase.RUNNING
+
+
+def test_a_gang_that_does_not_fit_says_how_many_of_its_pods_fit_and_why_no_node_takes_more() -> None:
+    from ddpjob_operator.policies.gang import unplaced
+
+    said = [
+        "pod group is unschedulable, minCount (6) cannot be satisfied: 4 scheduled, 1 remaining, pod group "
+        "preemption: No preemption victims found for incoming preemptor",
+        "0/1 nodes are available: 1 Insufficient example.com/slot.",
+        "minCount (6) cannot be satisfied: 4 scheduled, 1 remaining",
+    ]
+    assert unplaced(6, said) == (
+        "the gang of 6 pods is placed all or nothing, and only 4 fit now: "
+        "0/1 nodes are available: 1 Insufficient example.com/slot."
+    )
+    assert unplaced(3, ["waiting"]) == (
+        "the gang of 3 pods is placed all or nothing, and the scheduler cannot place it yet: waiting"
+    )

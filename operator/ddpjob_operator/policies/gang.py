@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from enum import Enum
 
 from ddpjob_contract.pods import POD_GROUP_API
@@ -60,3 +62,16 @@ def unavailable() -> str:
         f"spec.gangScheduling is Required, but the cluster does not serve PodGroups ({POD_GROUP_API}); "
         f"that needs {HOW_TO_SERVE}. Set spec.gangScheduling to Auto to place the pods one by one"
     )
+
+
+_FIT = re.compile(r"minCount \((\d+)\) cannot be satisfied: (\d+) scheduled")
+_NODES = re.compile(r"\d+/\d+ nodes are available")
+
+
+def unplaced(replicas: int, said: Sequence[str]) -> str:
+    """Why a gang waits, from what the scheduler said of its pods (rank order): how many of them fit now,
+    and why no node takes more, in the scheduler's words."""
+    fit = next((int(m.group(2)) for s in said if (m := _FIT.search(s))), None)
+    nodes = next((s for s in said if _NODES.search(s) and not _FIT.search(s)), None)
+    how = f"only {fit} fit now" if fit is not None else "the scheduler cannot place it yet"
+    return f"the gang of {replicas} pods is placed all or nothing, and {how}: {nodes or said[0]}"
