@@ -84,7 +84,9 @@ def test_rbac_names_every_verb_and_resource_and_never_touches_secrets_or_rbac(mo
             assert "*" not in rule[field], f"wildcard {field} in {rule}"
         assert not {"secrets", "configmaps", "roles", "rolebindings", "clusterroles"} & set(rule["resources"])
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-        if rule["resources"] != ["customresourcedefinitions"]:
+        if rule["resources"] == ["podgroups"]:  # spec.gangScheduling: one per attempt, older ones deleted
+            assert rule["apiGroups"] == ["scheduling.k8s.io"] and rule["verbs"] == ["create", "deletecollection"]
+        elif rule["resources"] != ["customresourcedefinitions"]:
             assert rule["apiGroups"] in (["ddpjob.dev"], [""])
         else:
             assert mode == "cluster-wide" and rule["verbs"] == ["get", "list", "watch"]
