@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The Go toolchain's usual home, for shells that do not have it on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: setup venv tools system-packages images test lint demo bench clean-venv
+.PHONY: setup venv tools system-packages images test lint demo bench soak clean-venv
 
 setup: venv system-packages tools
 
@@ -62,6 +62,10 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# 200 seeded chaos runs against the box (bench/chaos.py); make test runs 3 of them
+soak: setup
+	$(PY) -m bench.chaos --runs 200 --seed 1
 
 clean-venv:
 	rm -rf $(VENV)

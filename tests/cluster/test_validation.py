@@ -77,6 +77,8 @@ INVALID: list[tuple[str, str, Any, str]] = [
      {"template": {"spec": {"containers": [{**TRAINER, "name": "ddpjob-wait-for-master"}]}}},
      "spec.template.spec.containers"),
     ("unknown restartPolicy", "j", {"runPolicy": {"restartPolicy": "Sometimes"}}, "spec.runPolicy.restartPolicy"),
+    ("gangScheduling Off (YAML reads it as false)", "k", {"gangScheduling": False}, "spec.gangScheduling"),
+    ("unknown gangScheduling", "l", {"gangScheduling": "Sometimes"}, "spec.gangScheduling"),
     ("negative backoffLimit", "j", {"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit"),
     ("backoffLimit above 100", "j", {"runPolicy": {"backoffLimit": 101}}, "spec.runPolicy.backoffLimit"),
     ("zero activeDeadlineSeconds", "j", {"runPolicy": {"activeDeadlineSeconds": 0}},
@@ -152,6 +154,7 @@ def test_the_apiserver_accepts_valid_specs_and_keeps_unknown_template_fields(
         ({"spec": {"port": 12345}}, "spec.port"),
         ({"spec": {"nprocPerNode": 2}}, "spec.nprocPerNode"),
         ({"spec": {"checkpoint": {"claimName": "c"}}}, "spec.checkpoint"),
+        ({"spec": {"gangScheduling": "Disabled"}}, "spec.gangScheduling"),
         # suspending in the same change does not count: the stored job was not suspended
         ({"spec": {"replicas": 3, "runPolicy": {"suspend": True}}}, "spec.replicas"),
     ],

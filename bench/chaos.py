@@ -1,0 +1,385 @@
+"""Chaos soak: seeded faults against the whole box, with the operator's promises checked after each run.
+
+    python -m bench.chaos --runs 10 --seed 1        # make test runs a short set (tests/e2e/test_chaos.py)
+    python -m bench.chaos --runs 200 --seed 1       # make soak
+    python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
+
+The box with its node, the trainer image, and the operator as its own process. Each run creates a
+2-rank tinycnn DDPJob that checkpoints every 10 steps, then injects 1 to 3 faults chosen and timed
+by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the job to end.
+Then it checks:
+
+- never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s);
+- ``status.restarts`` equals the restart-causing faults injected (a killed, deleted or hung rank;
+  suspend, a spec edit, the operator's, kubelet's, the apiserver's or etcd's restart cause none);
+- the job Succeeded, its final step is the configured steps, and every checkpoint left loads;
+- the operator's log holds no traceback;
+- once the job is deleted, no pod, Service or PodGroup of it is left after 60 s.
+
+Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
+timeline, the job's Events and the operator's log tail, and names the command that replays it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS_DIR, log, machine, table, write_results
+from ddpjob_box import images
+
+NAME = "chaos"
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+STEPS = 120
+RESTARTING = ("kill-rank", "delete-pod", "hang-rank")
+"""Faults that cost the job one counted restart."""
+FAULTS = (*RESTARTING, "kill-operator", "restart-kubelet", "restart-apiserver", "restart-etcd", "suspend-resume")
+
+
+@dataclass
+class Run:
+    seed: int
+    run: int
+    faults: list[str]
+    outcome: str = ""
+    restarts: int = -1
+    step: int = -1
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    operator_log: str = ""
+
+    @property
+    def replay(self) -> str:
+        return f"python -m bench.chaos --replay {self.seed}:{self.run}"
+
+
+def chaos_job(name: str, claim: str) -> dict[str, Any]:
+    args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
+            "--log-interval", "5", "--steps", str(STEPS), "--checkpoint-interval", "10",
+            "--slow-rank", "0", "--slow-seconds", "0.15", "--pg-timeout-seconds", "60"]  # fmt: skip
+    container = {"name": "trainer", "image": images.image_name("trainer"), "args": args}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "progressDeadlineSeconds": 20,  # a hung (SIGSTOPped) rank is restarted well before the 60 s timeout
+            "runPolicy": {"backoffLimit": 5},
+            "checkpoint": {"claimName": claim},
+            "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container]}},
+        },
+    }
+
+
+class Stack:
+    """The box's parts a fault acts on, and the operator, which a fault may kill and this restarts."""
+
+    def __init__(self, box: Any, namespace: str, workdir: Path) -> None:
+        from kubernetes import client, config
+
+        from ddpjob_box.operator_process import OperatorProcess
+
+        self.box, self.namespace, self.workdir = box, namespace, workdir
+        self.api = config.new_client_from_config(config_file=str(box.plane.kubeconfig))
+        self.core, self.custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
+        self._operator_cls = OperatorProcess
+        self.operator_logs: list[Path] = []
+        self.operator = self._start_operator()
+
+    def _start_operator(self) -> Any:
+        path = self.workdir / f"operator-{len(self.operator_logs)}.log"
+        self.operator_logs.append(path)
+        return self._operator_cls(self.box.plane.kubeconfig, path, namespaces=[self.namespace])
+
+    def operator_log(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.operator_logs if p.exists())
+
+    def kill_operator(self) -> None:
+        self.operator.proc.kill()
+        self.operator.proc.wait()
+        self.operator = self._start_operator()
+
+    def component(self, name: str) -> Any:
+        return next(c for c in self.box.plane.components if c.name == name)
+
+    def restart(self, component: Any, pause: float = 1.0) -> None:
+        component.stop()
+        time.sleep(pause)
+        component.start()
+
+    def close(self) -> None:
+        self.operator.stop()
+        self.api.close()
+
+
+class Watchdog:
+    """Polls the job's pods until stopped and records what must never be seen."""
+
+    def __init__(self, stack: Stack, job: str) -> None:
+        self.stack, self.job = stack, job
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                pods = self.stack.core.list_namespaced_pod(
+                    self.stack.namespace, label_selector=f"ddpjob.dev/job-name={self.job}"
+                ).items
+            except Exception:  # the apiserver may be restarting: look again
+                continue
+            live = [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase in ("Pending", "Running")]
+            ranks = Counter(p.metadata.labels.get("ddpjob.dev/rank") for p in live)
+            attempts = {p.metadata.labels.get("ddpjob.dev/attempt") for p in live}
+            for rank, count in ranks.items():
+                if count > 1:
+                    self._say(f"{count} live pods for rank {rank}")
+            if len(attempts) > 1:
+                self._say(f"live pods of attempts {sorted(attempts)} at once")
+
+    def _say(self, what: str) -> None:
+        if what not in self.violations:
+            self.violations.append(what)
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self._thread.join()
+        return self.violations
+
+
+def status(stack: Stack, name: str) -> dict[str, Any]:
+    try:
+        body = stack.custom.get_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name)
+    except Exception:  # the apiserver may be restarting
+        return {}
+    return dict(body.get("status") or {})
+
+
+def wait(what: str, probe: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def restarted(stack: Stack, name: str, attempt: int) -> Callable[[], bool]:
+    return lambda: int(status(stack, name).get("attempt", 0)) > attempt
+
+
+def trainer_pid(stack: Stack, pod: str) -> int:
+    found = stack.core.read_namespaced_pod(pod, stack.namespace)
+    running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
+    if not running:
+        raise TimeoutError(f"{pod}'s trainer is not running")
+    return int(stack.box.node.container_pid(running[0].container_id))
+
+
+def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
+    rank = rng.randrange(2)
+    pod = f"{name}-{rank}"
+    match fault:
+        case "kill-rank":
+            os.kill(trainer_pid(stack, pod), signal.SIGKILL)
+        case "hang-rank":
+            os.kill(trainer_pid(stack, pod), signal.SIGSTOP)
+        case "delete-pod":
+            stack.core.delete_namespaced_pod(pod, stack.namespace)
+        case "kill-operator":
+            stack.kill_operator()
+        case "restart-kubelet":
+            stack.restart(stack.box.node.kubelet)
+        case "restart-apiserver":
+            stack.restart(stack.component("kube-apiserver"), pause=2.0)
+        case "restart-etcd":
+            stack.restart(stack.component("etcd"), pause=2.0)
+        case "suspend-resume":
+            patch = {"spec": {"runPolicy": {"suspend": True}}}
+            stack.custom.patch_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name, patch)
+            wait("Suspended", lambda: status(stack, name).get("phase") == "Suspended", 60)
+            patch["spec"]["runPolicy"]["suspend"] = False
+            stack.custom.patch_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name, patch)
+
+
+def checkpoints_load(stack: Stack, claim: str) -> list[str]:
+    """Every complete checkpoint in the claim's directory loads; returns what did not."""
+    import torch
+
+    from ddp_trainer import checkpoint
+
+    pvc = stack.core.read_namespaced_persistent_volume_claim(claim, stack.namespace)
+    volume = stack.core.read_persistent_volume(pvc.spec.volume_name)
+    directory = volume.spec.host_path.path
+    bad = []
+    for step, path in checkpoint.complete(directory):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:  # a corrupt file is what this looks for
+            bad.append(f"checkpoint of step {step} does not load: {err}")
+    return bad
+
+
+def children_gone(stack: Stack, name: str) -> bool:
+    selector = f"ddpjob.dev/job-name={name}"
+    pods = stack.core.list_namespaced_pod(stack.namespace, label_selector=selector).items
+    services = stack.core.list_namespaced_service(stack.namespace, label_selector=selector).items
+    groups = stack.custom.list_namespaced_custom_object(
+        "scheduling.k8s.io", "v1beta1", stack.namespace, "podgroups", label_selector=selector
+    )["items"]
+    return not (pods or services or groups)
+
+
+def one_run(stack: Stack, seed: int, index: int) -> Run:
+    rng = random.Random(f"{seed}:{index}")
+    faults = rng.sample(FAULTS, rng.randint(1, 3))
+    result = Run(seed, index, faults)
+    name, claim = f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}"
+    started = time.monotonic()
+
+    def said(what: str) -> None:
+        result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
+
+    stack.core.create_namespaced_persistent_volume_claim(
+        stack.namespace,
+        {"metadata": {"name": claim},
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
+    )  # fmt: skip
+    stack.custom.create_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, chaos_job(name, claim))
+    watchdog = Watchdog(stack, name)
+    try:
+        for fault in faults:
+            attempt = wait("the job to run", lambda: (s := status(stack, name)).get("phase") == "Running" and s, 300)
+            time.sleep(rng.uniform(1.0, 6.0))
+            if status(stack, name).get("phase") != "Running":
+                said(f"skipped {fault}: the job left Running before it")  # it finished
+                continue
+            said(f"{fault} (attempt {attempt['attempt']})")
+            inject(stack, name, fault, rng)
+            if fault in RESTARTING:
+                before = int(attempt["attempt"])
+                wait("the restart", restarted(stack, name, before), 120)
+        final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
+                     300 + 60 * len(faults))  # fmt: skip
+        said(f"{final['phase']}")
+        result.outcome, result.restarts = final["phase"], int(final.get("restarts", -1))
+        result.step = int((final.get("progress") or {}).get("step") or -1)
+    except TimeoutError as err:
+        result.outcome = "timeout"
+        result.violations.append(str(err))
+    finally:
+        result.violations += watchdog.stop()
+    expected = sum(f in RESTARTING for f in faults if not any(f"skipped {f}" in t for t in result.timeline))
+    if result.outcome == "Succeeded":
+        if result.restarts != expected:
+            result.violations.append(f"restarts {result.restarts}, expected {expected} (faults {faults})")
+        if result.step != STEPS:
+            result.violations.append(f"final step {result.step}, expected {STEPS}")
+        result.violations += checkpoints_load(stack, claim)
+    elif result.outcome == "Failed":
+        result.violations.append(f"the job failed: {status(stack, name).get('conditions')}")
+    events = stack.core.list_namespaced_event(stack.namespace, field_selector=f"involvedObject.name={name}").items
+    result.events = [f"{e.reason}: {e.message}" for e in events]
+    stack.custom.delete_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name)
+    try:
+        wait("the job's pods, Service and PodGroups to go", lambda: children_gone(stack, name), 60)
+    except TimeoutError as err:
+        result.violations.append(str(err))
+    stack.core.delete_namespaced_persistent_volume_claim(claim, stack.namespace)
+    operator_log = stack.operator_log()
+    if "Traceback" in operator_log:
+        result.violations.append("the operator logged a traceback")
+    if result.violations:
+        result.operator_log = operator_log[-6000:]
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
+
+
+@contextmanager
+def chaos_stack() -> Iterator[Stack]:
+    """A box with its node and the trainer image, the CRD, a namespace and the operator."""
+    from bench.apiserver import Api
+    from bench.operator_scale import apply_crd
+    from ddpjob_box.box import Box
+
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpjob-chaos-") as tmp,
+        Box(Path(tmp) / "box", with_prometheus=False) as box,
+    ):
+        plane = box.plane
+        assert plane is not None
+        apply_crd(Api(plane.server, plane.admin_token, str(plane.ca_file)))
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "chaos"}})
+        api.close()
+        stack = Stack(box, "chaos", Path(tmp))
+        try:
+            yield stack
+        finally:
+            stack.close()
+
+
+def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path) -> list[Run]:
+    results = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for index in runs:
+        result = one_run(stack, seed, index)
+        verdict = "ok" if not result.violations else f"VIOLATION {result.violations}; replay: {result.replay}"
+        log(f"run {seed}:{index} {result.faults} -> {result.outcome}, restarts {result.restarts}, "
+            f"{result.seconds}s: {verdict}")  # fmt: skip
+        with out.open("a") as f:
+            f.write(json.dumps(asdict(result)) + "\n")
+        results.append(result)
+    return results
+
+
+def summary(results: Sequence[Run]) -> str:
+    kinds = Counter(f for r in results for f in r.faults)
+    rows = [[kind, kinds[kind]] for kind in FAULTS]
+    head = table(["fault", "injected"], rows)
+    total = [[len(results), sum(bool(r.violations) for r in results), sum(r.outcome == "Succeeded" for r in results),
+              f"{sum(r.seconds for r in results) / 60:.1f} min"]]  # fmt: skip
+    return head + "\n\n" + table(["runs", "with a violation", "succeeded", "time"], total)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--replay", help="SEED:RUN: that run alone")
+    args = parser.parse_args(argv)
+    seed, runs = args.seed, list(range(args.runs))
+    if args.replay:
+        seed, run = (int(x) for x in args.replay.split(":"))
+        runs = [run]
+    with chaos_stack() as stack:
+        results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl")
+    markdown = summary(results)
+    print(markdown)
+    write_results(NAME, {"machine": machine(), "seed": seed, "runs": [asdict(r) for r in results]}, markdown)
+    if any(r.violations for r in results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
