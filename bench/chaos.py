@@ -186,12 +186,33 @@ def restarted(stack: Stack, name: str, attempt: int) -> Callable[[], bool]:
     return lambda: int(status(stack, name).get("attempt", 0)) > attempt
 
 
+class NotInjected(Exception):
+    """The fault found nothing to act on (the rank's process had just gone): the run goes on without it."""
+
+
 def trainer_pid(stack: Stack, pod: str) -> int:
-    found = stack.core.read_namespaced_pod(pod, stack.namespace)
-    running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
-    if not running:
-        raise TimeoutError(f"{pod}'s trainer is not running")
-    return int(stack.box.node.container_pid(running[0].container_id))
+    from kubernetes.client.rest import ApiException
+
+    from ddpjob_box.errors import BoxError
+
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            found = stack.core.read_namespaced_pod(pod, stack.namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            raise NotInjected(f"{pod} is gone (the job is restarting)") from None
+        running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
+        try:
+            if running:
+                return int(stack.box.node.container_pid(running[0].container_id))
+        except BoxError as err:
+            if time.monotonic() > deadline:
+                raise NotInjected(str(err)) from None
+        if time.monotonic() > deadline:
+            raise NotInjected(f"{pod}'s trainer is not running")
+        time.sleep(0.5)
 
 
 def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
@@ -272,11 +293,14 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
             if status(stack, name).get("phase") != "Running":
                 said(f"skipped {fault}: the job left Running before it")  # it finished
                 continue
+            try:
+                inject(stack, name, fault, rng)
+            except NotInjected as err:
+                said(f"skipped {fault}: {err}")
+                continue
             said(f"{fault} (attempt {attempt['attempt']})")
-            inject(stack, name, fault, rng)
             if fault in RESTARTING:
-                before = int(attempt["attempt"])
-                wait("the restart", restarted(stack, name, before), 120)
+                wait("the restart", restarted(stack, name, int(attempt["attempt"])), 120)
         final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
                      300 + 60 * len(faults))  # fmt: skip
         said(f"{final['phase']}")
