@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+import urllib3
+
 from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, POD_GROUP_API
 from ddpjob_operator import api, metrics
 
@@ -30,6 +32,10 @@ class Conflict(KubeError):
 
 class Expired(KubeError):
     """A watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class Unreachable(KubeError):
+    """No answer: the apiserver is down or restarting (connection refused or reset, after urllib3's retries)."""
 
 
 class NamespaceTerminating(KubeError):
@@ -78,7 +84,11 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        return self._api.call_api(m, url, header_params=h, body=b, _request_timeout=timeout)
+        try:
+            return self._api.call_api(m, url, header_params=h, body=b, _request_timeout=timeout)
+        except urllib3.exceptions.HTTPError as err:
+            reason = getattr(err, "reason", None) or err
+            raise Unreachable(0, f"{method} {path}: the apiserver did not answer ({reason})") from None
 
     def _request(
         self,

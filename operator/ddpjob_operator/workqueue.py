@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ddpjob_operator.api import Key
+from ddpjob_operator.kube import KubeError
 
 Reconcile = Callable[[Key], Awaitable[float | None]]
 
@@ -71,10 +72,13 @@ class WorkQueue:
                     errors = 0
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as err:
                     errors += 1
                     delay = min(MAX_ERROR_BACKOFF, 0.5 * 2**errors)
-                    log.exception("reconciling %s/%s failed; retrying in %.1fs", *key, delay)
+                    if isinstance(err, KubeError):  # the apiserver's answer, or none: not a bug, no traceback
+                        log.warning("reconciling %s/%s failed: %s; retrying in %.1fs", *key, err, delay)
+                    else:
+                        log.exception("reconciling %s/%s failed; retrying in %.1fs", *key, delay)
         finally:
             if self._workers.get(key) is worker:
                 del self._workers[key]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from ddpjob_operator.api import Key
+from ddpjob_operator.kube import Unreachable
 from ddpjob_operator.workqueue import WorkQueue
 
 
@@ -134,3 +138,27 @@ def test_a_stopped_queue_starts_no_more_reconciles() -> None:
 
     run(scenario)
     assert calls == []
+
+
+def test_an_apiserver_that_does_not_answer_is_one_warning_line_and_a_bug_keeps_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failures: list[Exception] = [Unreachable(0, "PUT /x: the apiserver did not answer (refused)"), KeyError("bug")]
+
+    async def scenario() -> None:
+        async def reconcile(key: Key) -> float | None:
+            if failures:
+                raise failures.pop(0)
+            return None
+
+        queue = WorkQueue(reconcile)
+        queue.enqueue(("ns", "a"))
+        while len(queue):
+            await asyncio.sleep(0.05)
+
+    caplog.set_level(logging.WARNING, logger="ddpjob_operator")
+    run(scenario)
+    unreachable, bug = [r for r in caplog.records if "reconciling ns/a failed" in r.getMessage()]
+    assert unreachable.levelno == logging.WARNING and unreachable.exc_info is None
+    assert "the apiserver did not answer" in unreachable.getMessage()
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None, "a bug is shown whole"
