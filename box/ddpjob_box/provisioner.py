@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -81,6 +82,18 @@ def provision(core: client.CoreV1Api, claims_dir: Path) -> None:
                     raise
 
 
+def provision_once(core: client.CoreV1Api, claims_dir: Path) -> str:
+    """One pass; what went wrong, in one line ("" if nothing). An apiserver that is restarting (refused
+    connections, after urllib3's retries) or a refusal only delays the claims to the next pass: the
+    provisioner must outlive them, or every later claim stays Pending (a chaos run's apiserver restart
+    killed it)."""
+    try:
+        provision(core, claims_dir)
+    except (ApiException, OSError, urllib3.exceptions.HTTPError) as err:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import time
@@ -95,10 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     with config.new_client_from_config(config_file=str(args.kubeconfig)) as api:
         core = client.CoreV1Api(api)
         while True:
-            try:
-                provision(core, args.claims_dir)
-            except (ApiException, OSError) as err:  # the apiserver restarting, say: the next pass retries
-                print(f"provisioner: {err}", flush=True)
+            said = provision_once(core, args.claims_dir)
+            if said:
+                print(f"provisioner: {said}", flush=True)
             time.sleep(args.interval)
 
 

@@ -140,16 +140,23 @@ def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
     kubectl("apply", "-n", namespace, "-f", str(manifest))
 
     def unschedulable() -> Any:
-        if not _exists(jobs, f"{name}-0"):
-            return None
-        conditions = jobs.pod(f"{name}-0").status.conditions or []
-        # The first refusal may name the claim, until the box's provisioner binds it; then the GPU.
+        # The first refusal may name the claim, until the box's provisioner binds it; then the GPU. As a gang
+        # (the box serves PodGroups) the filter's words are on one rank, the gang's verdict on the others.
+        pods = jobs.core.list_namespaced_pod(namespace, label_selector=f"ddpjob.dev/job-name={name}").items
+        conditions = [c for p in pods for c in p.status.conditions or []]
         return next(
             (c for c in conditions if c.reason == "Unschedulable" and "nvidia.com/gpu" in (c.message or "")), None
         )
 
     condition = wait_for("the scheduler to refuse the GPU pod for want of nvidia.com/gpu", unschedulable, 90)
     assert "nvidia.com/gpu" in condition.message
+
+    def said() -> Any:
+        running = jobs.condition(name, "Running")
+        return running if running and running["reason"] == "Unschedulable" else None
+
+    running = wait_for("the job's status to say why", said, 60, interval=1)
+    assert "nvidia.com/gpu" in running["message"], running
     time.sleep(5)
     assert jobs.status(name).get("phase") == "Pending"
     assert jobs.pod(f"{name}-0").status.phase == "Pending"
