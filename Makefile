@@ -63,8 +63,10 @@ demo: setup
 bench: setup
 	$(PY) -m bench.run_all
 
-# 200 seeded chaos runs against the box (bench/chaos.py); make test runs 3 of them
+# 200 seeded chaos runs against the box (bench/chaos.py; make test runs 3 of them), and 100 SIGKILLs of the
+# trainer inside its checkpoint writes (bench/checkpoint_kills.py; make test runs 2)
 soak: setup
+	$(PY) -m bench.checkpoint_kills --kills 100
 	$(PY) -m bench.chaos --runs 200 --seed 1
 
 clean-venv:

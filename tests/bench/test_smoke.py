@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, ddp_cpu, gpu_recipe, instrumentation, operator_scale, trainer_vs_plain
+from bench import checkpoint_kills, common, ddp_cpu, gpu_recipe, instrumentation, operator_scale, trainer_vs_plain
 
 TINY = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "4", "--warmup", "1", "--measure", "1",
         "--repeats", "1"]  # fmt: skip
@@ -43,6 +43,13 @@ def test_ddp_cpu_runs_both_programs_under_torchrun_with_two_gloo_ranks(tmp_path:
     runs = data["runs"]
     assert {r["world_size"] for rs in runs.values() for r in rs} == {2}  # type: ignore[attr-defined]
     assert all(r["fwd_bwd_ms"] for rs in runs.values() for r in rs)  # type: ignore[attr-defined]
+
+
+def test_checkpoint_kills_kills_the_trainer_inside_its_writes_and_every_checkpoint_left_loads(tmp_path: Path):
+    figures = checkpoint_kills.main(["--kills", "2", "--out", str(tmp_path)])
+    assert figures["kills"] == 2 and figures["unloadable"] == 0 and figures["wrong_resume"] == 0
+    assert figures["newest_step"] >= 2, "each run left a checkpoint of its own before it was killed"
+    assert written(tmp_path, "checkpoint_kills")["kills"]
 
 
 @pytest.mark.cluster

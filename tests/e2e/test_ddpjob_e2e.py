@@ -48,6 +48,15 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     steps = int(args[args.index("--steps") + 1])
     kubectl("apply", "-n", namespace, "-f", str(manifest))
+
+    def trainer_running() -> bool:
+        statuses = jobs.pod(f"{name}-0").status.container_statuses or []
+        return any(s.name == "trainer" and s.state.running for s in statuses)
+
+    wait_for("rank 0's trainer container to run", trainer_running, 300, interval=0.5)
+    # The chart's and the manifest's securityContext, as the kubelet enforces it on the trainer image.
+    identity = kubectl("exec", "-n", namespace, f"{name}-0", "-c", "trainer", "--", "id").stdout
+    assert identity.startswith("uid=10001 gid=10001"), identity
     status = jobs.wait_phase(name, "Succeeded", 600)
     assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
     for rank in range(2):
@@ -56,6 +65,8 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
         assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"]) == ("2", str(rank), f"{name}-0.{name}")
     log = jobs.log(f"{name}-0")
     assert "world size 2, backend gloo" in log
+    peer = kubectl("logs", "-n", namespace, f"{name}-1").stdout
+    assert f"rank 1: step={steps}/{steps} loss=" in peer, peer[-2000:]
     # The final numbers come from each rank's termination message (kubelet reads the file the trainer
     # wrote), not from the last poll: STEP is the last step, IMG/S the trainer's own summary.
     progress = status["progress"]
@@ -113,6 +124,24 @@ def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
     resumed = re.search(r"resum\w* .*?step[= ](\d+)", log, re.IGNORECASE)
     assert resumed and int(resumed.group(1)) >= 40, f"attempt 2 resumed from a checkpoint, not step 0:\n{log[:2000]}"
     assert "step=400/400" in log
+
+
+def test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_then_failed_naming_it(
+    jobs: Jobs,
+) -> None:
+    # A batch of 1024 images of 224 px is 616 MB of input alone, against a 1 GiB limit: the kernel's OOM
+    # killer ends the rank inside its pod's memory cgroup and the kubelet says OOMKilled. Under the default
+    # restartPolicy ExitCode, 137 is retried (the gang restarts once, backoffLimit 1), then the job fails.
+    args = ["--image-size", "224", "--batch-size", "1024", "--steps", "5"]
+    body = cpu_job("oom", args=args, runPolicy={"backoffLimit": 1, "restartPolicy": "ExitCode"})
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "1Gi"}}
+    jobs.create(body)
+    status = jobs.wait_phase("oom", "Failed", 600)
+    assert status["restarts"] == 1, status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert "exited with code 137 (OOMKilled: it went over its memory limit)" in failed["message"], failed
+    restarts = [e.message for e in jobs.core.list_namespaced_event(jobs.ns).items if "OOMKilled" in (e.message or "")]
+    assert len(restarts) >= 2, f"one Event for the restart and one for the failure, each naming OOMKilled: {restarts}"
 
 
 def _exists(jobs: Jobs, pod: str) -> bool:

@@ -76,6 +76,7 @@ def test_the_same_program_runs_under_torchrun_with_two_processes() -> None:
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
     assert "world size 2, backend gloo" in done.stdout
     assert "step=4/4" in done.stdout
+    assert re.search(r"rank 1: step=4/4 loss=\S+ img/s=", done.stdout), "every rank logs its steps"
 
 
 def test_a_finished_run_leaves_its_final_numbers_as_one_json_line_at_the_termination_message_path(

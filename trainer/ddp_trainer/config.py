@@ -213,7 +213,7 @@ class ObserveConfig(_Section):
     metrics_linger_seconds: float = field(
         default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
     )
-    log_interval: int = field(default=10, metadata=doc("Rank 0 logs one line every this many steps."))
+    log_interval: int = field(default=10, metadata=doc("Every rank logs one line every this many steps."))
     step_timing: bool = field(
         default=True,
         metadata=doc(

@@ -200,7 +200,9 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
         for t in done:
             metrics.record(t)
             timings.append(t)
-            if not d.is_main or (t.step % cfg.observe.log_interval and t.step != parts.total):
+            # Every rank logs its own step lines (`kubectl logs <job>-1` shows training too); rank 1 and up
+            # carry a `rank R:` prefix.
+            if t.step % cfg.observe.log_interval and t.step != parts.total:
                 continue
             if not t.timed:
                 log.info("step=%d/%d", t.step, parts.total)
