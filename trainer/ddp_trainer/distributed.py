@@ -13,6 +13,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Imported here, before any process group exists, on purpose. DDP imports torch.distributed.nn on first
+# use, and its functions take `group=group.WORLD` as a default argument. Imported after
+# init_process_group, those eleven defaults hold the default group for the life of the interpreter:
+# destroy_process_group() cannot free it, and gloo's threads (NCCL's watchdog on GPUs) are still running
+# when the interpreter finalizes, which now and then ends a finished rank with SIGABRT ("terminate called
+# without an active exception"). tests/trainer/test_shutdown.py holds both halves of this.
+import torch.distributed.nn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -78,7 +86,11 @@ class Dist:
         self.close()
 
     def close(self) -> None:
-        """Destroy the process group (alone, on the error path: the peers may be gone)."""
+        """Destroy the process group (alone, on the error path: the peers may be gone).
+
+        Its backend (and gloo's threads) goes with it, while the interpreter is alive: nothing else holds
+        the group once the DDP wrapper is gone (see the torch.distributed.nn import above).
+        """
         if dist.is_initialized():
             dist.destroy_process_group()
 
