@@ -54,7 +54,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: setup lint
+# The images are built (or found in the cache) before any test runs: a cold build takes several minutes,
+# which no test's own time limit should include.
+test: setup images lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup

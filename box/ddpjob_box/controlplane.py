@@ -22,7 +22,7 @@ from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.pki import make_pki
 from ddpjob_box.ports import free_port, require_free
-from ddpjob_box.processes import Component, pid_alive, tail, wait_until
+from ddpjob_box.processes import Component, exited, tail, wait_until
 from ddpjob_contract.pods import POD_GROUP_API
 
 LOCK_FILE = "box.pid"
@@ -43,7 +43,7 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
         owner = lock.read_text().split()
         pid = int(owner[0]) if owner and owner[0].isdigit() else -1
         started = owner[1] if len(owner) > 1 else ""
-        if pid > 0 and pid != os.getpid() and pid_alive(pid) and _process_start_time(pid) == started:
+        if pid > 0 and pid != os.getpid() and not exited(pid) and _process_start_time(pid) == started:
             raise BoxError(
                 f"data directory {data_dir} is in use by a running box (pid {pid}): stop that box "
                 "(Ctrl-C in its terminal) or choose another --data-dir"

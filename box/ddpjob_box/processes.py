@@ -113,13 +113,3 @@ def wait_until(predicate_desc: str, predicate: object, timeout: float, *, watch:
             logs = "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in watch)
             raise BoxError(f"timed out after {timeout:.0f}s waiting for {predicate_desc}\n{logs}")
         time.sleep(0.2)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

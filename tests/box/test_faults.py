@@ -161,6 +161,7 @@ class Output:
 
 
 OUTPUT: dict[int, Output] = {}
+COLD_NODE_SECONDS = 900
 
 
 def _wait_or_explain(proc: subprocess.Popen[str], data_dir: Path, timeout: float) -> int:
@@ -188,7 +189,8 @@ def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
         env=_box_env(),
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + 180
+    # The first node a fresh machine starts imports the images into its containerd store (minutes, once).
+    deadline = time.monotonic() + COLD_NODE_SECONDS
     for line in proc.stdout:
         if line.startswith("export KUBECONFIG="):
             assert line.strip() == f"export KUBECONFIG={data_dir / 'kubeconfig'}"
@@ -241,6 +243,7 @@ def _comm(pid: int) -> str:
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(COLD_NODE_SECONDS + 300)
 def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
     assert len(_processes_mentioning(str(box_data_dir))) >= 5
@@ -252,6 +255,7 @@ def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(COLD_NODE_SECONDS + 300)
 def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
     pod_pid = _run_a_pod(box_data_dir)

@@ -222,8 +222,12 @@ def test_the_operator_runs_from_the_built_image_as_uid_10001_on_a_read_only_root
     assert kubectl("exec", "-n", ns, name, "--", "id", "-u").stdout.split() == ["10001"]
     write = kubectl("exec", "-n", ns, name, "--", "touch", "/probe", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
-    log = kubectl("logs", "-n", ns, name).stdout
-    assert "ddpjob operator" in log.lower() or "kopf" in log.lower(), log[-2000:]
+
+    def started() -> str | None:  # Running comes before the Python process has imported Kopf and logged
+        log = kubectl("logs", "-n", ns, name).stdout
+        return log if "ddpjob operator" in log.lower() or "kopf" in log.lower() else None
+
+    wait_for("the operator's startup lines in kubectl logs", started, 60, interval=1)
     mounts = [m.mount_path for m in container.volume_mounts]
     assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
 

@@ -50,7 +50,8 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     kubectl("apply", "-n", namespace, "-f", str(manifest))
 
     def trainer_running() -> bool:
-        statuses = jobs.pod(f"{name}-0").status.container_statuses or []
+        pods = jobs.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}-0").items
+        statuses = (pods[0].status.container_statuses or []) if pods else []  # none until the operator makes it
         return any(s.name == "trainer" and s.state.running for s in statuses)
 
     wait_for("rank 0's trainer container to run", trainer_running, 300, interval=0.5)

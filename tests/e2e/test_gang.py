@@ -50,8 +50,10 @@ def test_a_gang_larger_than_the_node_stays_pending_naming_the_shortfall_and_bind
     jobs.create(gang_job("six", "Required", ranks=6))
 
     def said() -> dict[str, Any] | None:
+        # The scheduler first reports the PodGroup's verdict alone ("minCount (6) cannot be satisfied"); the
+        # pods' own "Insufficient example.com/slot" follows on a later cycle, and the status follows it.
         running = jobs.condition("six", "Running")
-        return running if running and running["reason"] == "Unschedulable" else None
+        return running if running and running["reason"] == "Unschedulable" and SLOT in running["message"] else None
 
     try:
         condition = wait_for("the job to say why its gang is not placed", said, 120, interval=1)

@@ -37,10 +37,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def setup_logging(rank: int) -> None:
-    """Rank 0 logs progress to stdout; the other ranks only warnings, prefixed with their rank."""
+    """Every rank logs its progress to stdout; rank 1 and up prefix their lines with their rank."""
     logging.basicConfig(
         stream=sys.stdout,
-        level=logging.INFO if rank == 0 else logging.WARNING,
+        level=logging.INFO,
         format="%(asctime)s %(message)s" if rank == 0 else f"%(asctime)s rank {rank}: %(message)s",
         datefmt="%H:%M:%S",
     )
