@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -328,7 +328,11 @@ class Controller:
             wave: list[Future[None]] = [
                 self._creates.submit(create, r) for r in ranks[start : start + CREATE_PARALLELISM]
             ]
-            wait(wave)
+            # Not concurrent.futures.wait: a future that the operator's stop cancels in the queue
+            # (shutdown(cancel_futures=True)) never wakes wait(), and this thread then blocks the
+            # interpreter's exit forever. exception() wakes on the cancel (it raises CancelledError).
+            for future in wave:
+                future.exception()
             for future in wave:
                 future.result()
 

@@ -185,6 +185,7 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     args = argparse.Namespace(job="done", namespace=namespace, prometheus=prometheus.url, out=tmp_path / "cli",
                               duration=0, interval=1)  # fmt: skip
     (text, *wrote) = report.report(args)
+    print(f"{text}\n(the trainer's summary: {measured:.1f} samples/s; plotted mean {mean:.1f}, peak {peak:.1f})")
     assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s"), text
     assert f"peak {peak:.1f} samples/s (rate over {data.rate_window:g} s)" in text
     assert [Path(w.removeprefix("wrote ")).name for w in wrote] == [f"done-{f}.png" for f in report.FIGURES]

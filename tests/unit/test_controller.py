@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Executor, Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -376,3 +376,38 @@ def test_a_plan_that_ends_something_in_a_living_namespace_goes_ahead(creates: Ex
     kube.calls.clear()
     ctl.reconcile(KEY)
     assert "GET namespace" in kube.calls and kube.job["status"]["phase"] == "Failed"
+
+
+def test_a_reconcile_creating_pods_ends_when_the_operator_stops_and_cancels_the_queued_creates() -> None:
+    # With concurrent.futures.wait, a create cancelled in the queue never woke the reconcile: its thread
+    # blocked the interpreter's exit forever (a whole `make test` hung after its summary line).
+    started, release = threading.Event(), threading.Event()
+    kube = FakeKube(replicas=4)
+    create = kube.create
+
+    def slow(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        if obj["kind"] == "Pod":
+            started.set()
+            release.wait(10)
+        return create(obj)
+
+    kube.create = slow  # type: ignore[method-assign]
+    pool = ThreadPoolExecutor(1, thread_name_prefix="create")  # one at a time: the other ranks queue
+    ctl = controller(kube, pool)
+    ctl.bodies.put(KEY, kube.job)
+    failed: list[BaseException] = []
+
+    def reconcile() -> None:
+        try:
+            ctl.reconcile(KEY)
+        except BaseException as err:  # what the stopping operator's reconcile ends with
+            failed.append(err)
+
+    worker = threading.Thread(target=reconcile, daemon=True)
+    worker.start()
+    assert started.wait(10), "the first create began"
+    pool.shutdown(wait=False, cancel_futures=True)  # what Runtime.stop does
+    release.set()
+    worker.join(10)
+    assert not worker.is_alive(), "the reconcile still waits on creates that were cancelled"
+    assert [type(e) for e in failed] == [CancelledError]
