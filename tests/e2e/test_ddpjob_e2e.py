@@ -57,7 +57,7 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     wait_for("rank 0's trainer container to run", trainer_running, 300, interval=0.5)
     # The chart's and the manifest's securityContext, as the kubelet enforces it on the trainer image.
     identity = kubectl("exec", "-n", namespace, f"{name}-0", "-c", "trainer", "--", "id").stdout
-    assert identity.startswith("uid=10001 gid=10001"), identity
+    assert re.match(r"uid=10001\(\w+\) gid=10001\(", identity), identity  # uid=10001(ddpjob) gid=10001(ddpjob) ...
     status = jobs.wait_phase(name, "Succeeded", 600)
     assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
     for rank in range(2):
