@@ -190,7 +190,8 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     assert f"peak {peak:.1f} samples/s (rate over {data.rate_window:g} s)" in text
     assert [Path(w.removeprefix("wrote ")).name for w in wrote] == [f"done-{f}.png" for f in report.FIGURES]
 
-    args.prometheus, args.duration = None, 30  # its ranks are gone: the status at once, no 30 s of sampling
+    # its ranks are gone: the status at once, no 30 s of sampling (into its own directory: the PNGs above stay)
+    args.prometheus, args.duration, args.out = None, 30, tmp_path / "cli-status"
     began = time.monotonic()
     (text, *_) = report.report(args)
     assert time.monotonic() - began < 10 and text.endswith("source: status"), text
