@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 Point = tuple[float, float]  # (seconds since the job started, value)
 FIGURES = ("step-time", "phases", "throughput")
+NO_PLOTS = "no plots: the status holds only the ranks' last figures; pass --prometheus URL to plot the whole run"
 WORK = "data+forward+optimizer"
 """From the status: what a rank does alone (``status.progress.ranks[].workSeconds``)..."""
 REST = "backward (with the wait for peers)"
@@ -461,5 +462,7 @@ def report(args: argparse.Namespace) -> list[str]:
         raise ReportError(f"cannot reach {args.prometheus or 'the cluster'}: {err}") from None
     finally:
         kube.close()
+    if data.source == "status":  # one figure per rank at the end: a plot over time would be a lone dot
+        return [summary(data, status), NO_PLOTS]
     paths = write(figures(data), args.out, args.job)
     return [summary(data, status), *(f"wrote {p}" for p in paths)]

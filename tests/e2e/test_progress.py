@@ -193,8 +193,9 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     # its ranks are gone: the status at once, no 30 s of sampling (into its own directory: the PNGs above stay)
     args.prometheus, args.duration, args.out = None, 30, tmp_path / "cli-status"
     began = time.monotonic()
-    (text, *_) = report.report(args)
+    (text, *rest) = report.report(args)
     assert time.monotonic() - began < 10 and text.endswith("source: status"), text
+    assert rest == [report.NO_PLOTS] and not args.out.exists(), "no PNG of a lone point per rank"
     assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s")
 
 
