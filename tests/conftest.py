@@ -10,7 +10,7 @@ import os
 import signal
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ class Cluster:
 
 
 _BOX: Box | None = None
+FAILURE_LINES = 25
 
 
 @pytest.fixture(scope="session")
@@ -120,11 +121,16 @@ def namespace(api_client: Any) -> Iterator[str]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if getattr(report, "failed", False) and _BOX is not None:
-        report.sections.append(("box logs (tails)", _BOX.log_tails()))  # type: ignore[attr-defined]
-    return report  # type: ignore[no-any-return]
+    if report.failed and _BOX is not None:
+        report.sections.append(("box logs (tails)", _BOX.log_tails()))
+        # A log that shows only the output's end (CI's) would show only the box's logs otherwise.
+        failure = "\n".join(report.longreprtext.splitlines()[-FAILURE_LINES:])
+        report.sections.append(("the failure again, after the box's logs", failure))
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
