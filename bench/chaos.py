@@ -172,6 +172,10 @@ def status(stack: Stack, name: str) -> dict[str, Any]:
     return dict(body.get("status") or {})
 
 
+LIVE_OR_OVER = ("Running", "Succeeded", "Failed")
+"""The phases a fault waits for: Running, or an end that leaves nothing to inject."""
+
+
 def wait(what: str, probe: Callable[[], Any], timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -289,8 +293,11 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
     watchdog = Watchdog(stack, name)
     try:
         for fault in faults:
-            attempt = wait("the job to run", lambda: (s := status(stack, name)).get("phase") == "Running" and s, 300)
-            time.sleep(rng.uniform(1.0, 6.0))
+            # A restarted gang that resumes near the end can finish from Rendezvous, never Running again.
+            attempt = wait("the job to run", lambda: (s := status(stack, name)).get("phase") in LIVE_OR_OVER and s, 300)
+            pause = rng.uniform(1.0, 6.0)  # drawn either way: a replay draws the same numbers
+            if attempt["phase"] == "Running":
+                time.sleep(pause)
             if status(stack, name).get("phase") != "Running":
                 said(f"skipped {fault}: the job left Running before it")  # it finished
                 continue

@@ -235,22 +235,6 @@ def test_the_operator_runs_from_the_built_image_as_uid_10001_on_a_read_only_root
     assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
 
 
-def test_kubelets_liveness_probe_of_the_operator_passes(release: Release) -> None:
-    pod = release.operator_pod()
-    probe = pod.spec.containers[0].liveness_probe
-    assert probe.http_get.path == "/healthz"
-    # Past the first probes: kubelet would have restarted the container after failureThreshold misses.
-    wait = probe.initial_delay_seconds + probe.period_seconds * (probe.failure_threshold + 1)
-    time.sleep(max(0, wait - (time.time() - pod.status.start_time.timestamp())))
-    pod = release.operator_pod()
-    (status,) = pod.status.container_statuses
-    assert status.ready and status.restart_count == 0, status
-    events = release.core.list_namespaced_event(
-        release.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
-    )
-    assert [e.message for e in events.items if e.reason == "Unhealthy"] == []
-
-
 def test_the_operator_reconciles_the_cpu_example_to_succeeded_under_the_charts_rbac(training: Release) -> None:
     seen = training.seen
     forbidden = [line for line in seen["operator_log"].splitlines() if REFUSED.search(line)]
@@ -275,6 +259,23 @@ def test_the_network_policy_selects_exactly_the_jobs_pods(training: Release) -> 
     job = training.seen["job"]
     assert training.seen["policy_selects"] == [f"{job}-0", f"{job}-1"]
     assert any(name.startswith(RELEASE) for name in training.seen["pods"]), "the operator pod is left out"
+
+
+def test_kubelets_liveness_probe_of_the_operator_passes(release: Release) -> None:
+    # Placed after the training tests, whose run outlasts the probes' window: no sleeping here.
+    pod = release.operator_pod()
+    probe = pod.spec.containers[0].liveness_probe
+    assert probe.http_get.path == "/healthz"
+    # Past the first probes: kubelet would have restarted the container after failureThreshold misses.
+    wait = probe.initial_delay_seconds + probe.period_seconds * (probe.failure_threshold + 1)
+    time.sleep(max(0, wait - (time.time() - pod.status.start_time.timestamp())))
+    pod = release.operator_pod()
+    (status,) = pod.status.container_statuses
+    assert status.ready and status.restart_count == 0, status
+    events = release.core.list_namespaced_event(
+        release.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
+    )
+    assert [e.message for e in events.items if e.reason == "Unhealthy"] == []
 
 
 def test_helm_uninstall_removes_everything_but_the_crd_and_the_jobs_it_holds(training: Release) -> None:
