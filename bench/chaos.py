@@ -1,13 +1,17 @@
 """Chaos soak: seeded faults against the whole box, with the operator's promises checked after each run.
 
     python -m bench.chaos --runs 10 --seed 1        # make test runs a short set (tests/e2e/test_chaos.py)
-    python -m bench.chaos --runs 200 --seed 1       # make soak
+    python -m bench.chaos --runs 200 --seed 1 --parallel 3   # make soak: 3 jobs at a time
     python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
+    python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
 
 The box with its node, the trainer image, and the operator as its own process. Each run creates a
 2-rank tinycnn DDPJob that checkpoints every 10 steps, then injects 1 to 3 faults chosen and timed
 by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the job to end.
-Then it checks:
+With ``--parallel N``, N runs go on at once, each with its own job: a restart of kubelet, the
+apiserver, etcd or the operator then lands on every job alive at the time, and each of them must
+still keep every promise (such a restart causes no counted restart). A box fault passes alone: the
+other runs' calls to the apiserver wait until it answers again. Then it checks:
 
 - never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s);
 - ``status.restarts`` equals the restart-causing faults injected (a killed, deleted or hung rank;
@@ -17,7 +21,8 @@ Then it checks:
 - once the job is deleted, no pod, Service or PodGroup of it is left after 60 s.
 
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
-timeline, the job's Events and the operator's log tail, and names the command that replays it.
+timeline, the job's Events and the operator's log tail, the runs that went on beside it, and
+names the command that replays it with them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,7 +51,9 @@ GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 STEPS = 120
 RESTARTING = ("kill-rank", "delete-pod", "hang-rank")
 """Faults that cost the job one counted restart."""
-FAULTS = (*RESTARTING, "kill-operator", "restart-kubelet", "restart-apiserver", "restart-etcd", "suspend-resume")
+BOX_FAULTS = ("kill-operator", "restart-kubelet", "restart-apiserver", "restart-etcd")
+"""Faults on the box itself: every job alive at the time sees them."""
+FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume")
 
 
 @dataclass
@@ -58,13 +66,18 @@ class Run:
     step: int = -1
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Faults not injected: the job had ended, or the rank's process had just gone."""
     timeline: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     operator_log: str = ""
+    alongside: list[int] = field(default_factory=list)
+    """The runs of the same seed that went on at some moment of this one."""
 
     @property
     def replay(self) -> str:
-        return f"python -m bench.chaos --replay {self.seed}:{self.run}"
+        together = ",".join(f"{self.seed}:{run}" for run in sorted({self.run, *self.alongside}))
+        return f"python -m bench.chaos --replay {together}"
 
 
 def chaos_job(name: str, claim: str) -> dict[str, Any]:
@@ -100,6 +113,37 @@ class Stack:
         self._operator_cls = OperatorProcess
         self.operator_logs: list[Path] = []
         self.operator = self._start_operator()
+        self._calm = threading.Lock()
+
+    def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A call to the apiserver, made while no box fault is under way (another run's, with --parallel)."""
+        with self._calm:
+            return method(*args, **kwargs)
+
+    def create_job(self, body: dict[str, Any]) -> None:
+        self.call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def patch_job(self, name: str, patch: dict[str, Any]) -> None:
+        self.call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name, patch)
+
+    def delete_job(self, name: str) -> None:
+        self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def delete_claim(self, claim: str) -> None:
+        self.call(self.core.delete_namespaced_persistent_volume_claim, claim, self.namespace)
+
+    def box_fault(self, fault: Callable[[], None]) -> None:
+        """Runs a fault on the box alone, and returns once the apiserver answers from etcd again."""
+        with self._calm:
+            fault()
+            wait("the apiserver to answer after the fault", self._answers, 120)
+
+    def _answers(self) -> bool:
+        try:
+            self.core.list_namespaced_pod(self.namespace, limit=1)
+        except Exception:  # still restarting
+            return False
+        return True
 
     def _start_operator(self) -> Any:
         path = self.workdir / f"operator-{len(self.operator_logs)}.log"
@@ -165,11 +209,25 @@ class Watchdog:
 
 
 def status(stack: Stack, name: str) -> dict[str, Any]:
+    """The job's status, or {} while the apiserver does not answer: for polls."""
     try:
         body = stack.custom.get_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name)
     except Exception:  # the apiserver may be restarting
         return {}
     return dict(body.get("status") or {})
+
+
+def status_now(stack: Stack, name: str) -> dict[str, Any]:
+    """The job's status as the apiserver has it once it answers (another run's box fault may be under way)."""
+    get = stack.custom.get_namespaced_custom_object
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return dict(stack.call(get, GROUP, VERSION, stack.namespace, PLURAL, name).get("status") or {})
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 LIVE_OR_OVER = ("Running", "Succeeded", "Failed")
@@ -202,7 +260,7 @@ def trainer_pid(stack: Stack, pod: str) -> int:
     deadline = time.monotonic() + 15
     while True:
         try:
-            found = stack.core.read_namespaced_pod(pod, stack.namespace)
+            found = stack.call(stack.core.read_namespaced_pod, pod, stack.namespace)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -228,21 +286,21 @@ def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
         case "hang-rank":
             os.kill(trainer_pid(stack, pod), signal.SIGSTOP)
         case "delete-pod":
-            stack.core.delete_namespaced_pod(pod, stack.namespace)
+            stack.call(stack.core.delete_namespaced_pod, pod, stack.namespace)
         case "kill-operator":
-            stack.kill_operator()
+            stack.box_fault(stack.kill_operator)
         case "restart-kubelet":
-            stack.restart(stack.box.node.kubelet)
+            stack.box_fault(lambda: stack.restart(stack.box.node.kubelet))
         case "restart-apiserver":
-            stack.restart(stack.component("kube-apiserver"), pause=2.0)
+            stack.box_fault(lambda: stack.restart(stack.component("kube-apiserver"), pause=2.0))
         case "restart-etcd":
-            stack.restart(stack.component("etcd"), pause=2.0)
+            stack.box_fault(lambda: stack.restart(stack.component("etcd"), pause=2.0))
         case "suspend-resume":
             patch = {"spec": {"runPolicy": {"suspend": True}}}
-            stack.custom.patch_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name, patch)
+            stack.patch_job(name, patch)
             wait("Suspended", lambda: status(stack, name).get("phase") == "Suspended", 60)
             patch["spec"]["runPolicy"]["suspend"] = False
-            stack.custom.patch_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name, patch)
+            stack.patch_job(name, patch)
 
 
 def checkpoints_load(stack: Stack, claim: str) -> list[str]:
@@ -251,8 +309,8 @@ def checkpoints_load(stack: Stack, claim: str) -> list[str]:
 
     from ddp_trainer import checkpoint
 
-    pvc = stack.core.read_namespaced_persistent_volume_claim(claim, stack.namespace)
-    volume = stack.core.read_persistent_volume(pvc.spec.volume_name)
+    pvc = stack.call(stack.core.read_namespaced_persistent_volume_claim, claim, stack.namespace)
+    volume = stack.call(stack.core.read_persistent_volume, pvc.spec.volume_name)
     directory = volume.spec.host_path.path
     bad = []
     for step, path in checkpoint.complete(directory):
@@ -265,31 +323,38 @@ def checkpoints_load(stack: Stack, claim: str) -> list[str]:
 
 def children_gone(stack: Stack, name: str) -> bool:
     selector = f"ddpjob.dev/job-name={name}"
-    pods = stack.core.list_namespaced_pod(stack.namespace, label_selector=selector).items
-    services = stack.core.list_namespaced_service(stack.namespace, label_selector=selector).items
-    groups = stack.custom.list_namespaced_custom_object(
-        "scheduling.k8s.io", "v1beta1", stack.namespace, "podgroups", label_selector=selector
-    )["items"]
+    pods = stack.call(stack.core.list_namespaced_pod, stack.namespace, label_selector=selector).items
+    services = stack.call(stack.core.list_namespaced_service, stack.namespace, label_selector=selector).items
+    groups = stack.call(
+        stack.custom.list_namespaced_custom_object,
+        "scheduling.k8s.io", "v1beta1", stack.namespace, "podgroups", label_selector=selector,
+    )["items"]  # fmt: skip
     return not (pods or services or groups)
+
+
+def names(seed: int, index: int) -> tuple[str, str]:
+    """A run's DDPJob and its checkpoints' PVC."""
+    return f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}"
 
 
 def one_run(stack: Stack, seed: int, index: int) -> Run:
     rng = random.Random(f"{seed}:{index}")
     faults = rng.sample(FAULTS, rng.randint(1, 3))
     result = Run(seed, index, faults)
-    name, claim = f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}"
+    name, claim = names(seed, index)
     started = time.monotonic()
     logged = len(stack.operator_log())  # what earlier runs left in the operator's log is theirs
 
     def said(what: str) -> None:
         result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
 
-    stack.core.create_namespaced_persistent_volume_claim(
+    stack.call(
+        stack.core.create_namespaced_persistent_volume_claim,
         stack.namespace,
         {"metadata": {"name": claim},
          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
     )  # fmt: skip
-    stack.custom.create_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, chaos_job(name, claim))
+    stack.create_job(chaos_job(name, claim))
     watchdog = Watchdog(stack, name)
     try:
         for fault in faults:
@@ -298,12 +363,14 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
             pause = rng.uniform(1.0, 6.0)  # drawn either way: a replay draws the same numbers
             if attempt["phase"] == "Running":
                 time.sleep(pause)
-            if status(stack, name).get("phase") != "Running":
+            if status_now(stack, name).get("phase") != "Running":
+                result.skipped.append(fault)
                 said(f"skipped {fault}: the job left Running before it")  # it finished
                 continue
             try:
                 inject(stack, name, fault, rng)
             except NotInjected as err:
+                result.skipped.append(fault)
                 said(f"skipped {fault}: {err}")
                 continue
             said(f"{fault} (attempt {attempt['attempt']})")
@@ -319,7 +386,7 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
         result.violations.append(str(err))
     finally:
         result.violations += watchdog.stop()
-    expected = sum(f in RESTARTING for f in faults if not any(f"skipped {f}" in t for t in result.timeline))
+    expected = sum(f in RESTARTING for f in faults if f not in result.skipped)
     if result.outcome == "Succeeded":
         if result.restarts != expected:
             result.violations.append(f"restarts {result.restarts}, expected {expected} (faults {faults})")
@@ -327,15 +394,15 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
             result.violations.append(f"final step {result.step}, expected {STEPS}")
         result.violations += checkpoints_load(stack, claim)
     elif result.outcome == "Failed":
-        result.violations.append(f"the job failed: {status(stack, name).get('conditions')}")
-    events = stack.core.list_namespaced_event(stack.namespace, field_selector=f"involvedObject.name={name}").items
-    result.events = [f"{e.reason}: {e.message}" for e in events]
-    stack.custom.delete_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name)
+        result.violations.append(f"the job failed: {status_now(stack, name).get('conditions')}")
+    events = stack.call(stack.core.list_namespaced_event, stack.namespace, field_selector=f"involvedObject.name={name}")
+    result.events = [f"{e.reason}: {e.message}" for e in events.items]
+    stack.delete_job(name)
     try:
         wait("the job's pods, Service and PodGroups to go", lambda: children_gone(stack, name), 60)
     except TimeoutError as err:
         result.violations.append(str(err))
-    stack.core.delete_namespaced_persistent_volume_claim(claim, stack.namespace)
+    stack.delete_claim(claim)
     operator_log = stack.operator_log()[logged:]
     if "Traceback" in operator_log:
         result.violations.append("the operator logged a traceback")
@@ -371,42 +438,95 @@ def chaos_stack() -> Iterator[Stack]:
             stack.close()
 
 
-def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path) -> list[Run]:
+class Overlaps:
+    """Which runs went on at some moment of each run (with --parallel), for the replay command."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._alive: dict[int, set[int]] = {}
+        self.seen: dict[int, set[int]] = {}
+
+    @contextmanager
+    def running(self, run: int) -> Iterator[None]:
+        with self._lock:
+            for other, seen in self._alive.items():
+                seen.add(run)
+                self.seen.setdefault(run, set()).add(other)
+            self._alive[run] = self.seen.setdefault(run, set())
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._alive[run]
+
+
+def guarded_run(stack: Stack, seed: int, index: int, overlaps: Overlaps) -> Run:
+    """One run; a failure of the harness itself is kept as that run's violation, and the soak goes on."""
+    with overlaps.running(index):
+        try:
+            result = one_run(stack, seed, index)
+        except Exception as err:  # kept in the results, with the replay command
+            result = Run(seed, index, [], outcome="harness-error", violations=[f"the harness failed: {err!r}"])
+            name, claim = names(seed, index)
+            for delete, what in ((stack.delete_job, name), (stack.delete_claim, claim)):
+                try:
+                    delete(what)
+                except Exception:  # best effort: the box goes when the soak ends
+                    pass
+    result.alongside = sorted(overlaps.seen.get(index, set()))
+    return result
+
+
+def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path, parallel: int = 1) -> list[Run]:
+    """The runs, ``parallel`` at a time; each is logged and written to ``out`` as it ends."""
     results = []
     out.parent.mkdir(parents=True, exist_ok=True)
-    for index in runs:
-        result = one_run(stack, seed, index)
-        verdict = "ok" if not result.violations else f"VIOLATION {result.violations}; replay: {result.replay}"
-        log(f"run {seed}:{index} {result.faults} -> {result.outcome}, restarts {result.restarts}, "
-            f"{result.seconds}s: {verdict}")  # fmt: skip
-        with out.open("a") as f:
-            f.write(json.dumps(asdict(result)) + "\n")
-        results.append(result)
-    return results
+    overlaps = Overlaps()
+    pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="chaos-run")
+    try:
+        futures = [pool.submit(guarded_run, stack, seed, index, overlaps) for index in runs]
+        for future in as_completed(futures):
+            result = future.result()
+            verdict = "ok" if not result.violations else f"VIOLATION {result.violations}; replay: {result.replay}"
+            log(f"run {seed}:{result.run} {result.faults} -> {result.outcome}, restarts {result.restarts}, "
+                f"{result.seconds}s: {verdict}")  # fmt: skip
+            with out.open("a") as f:
+                f.write(json.dumps(asdict(result)) + "\n")
+            results.append(result)
+    finally:
+        pool.shutdown(cancel_futures=True)  # on Ctrl-C the runs under way end, and no new one starts
+    return sorted(results, key=lambda r: r.run)
 
 
-def summary(results: Sequence[Run]) -> str:
-    kinds = Counter(f for r in results for f in r.faults)
-    rows = [[kind, kinds[kind]] for kind in FAULTS]
-    head = table(["fault", "injected"], rows)
-    total = [[len(results), sum(bool(r.violations) for r in results), sum(r.outcome == "Succeeded" for r in results),
-              f"{sum(r.seconds for r in results) / 60:.1f} min"]]  # fmt: skip
-    return head + "\n\n" + table(["runs", "with a violation", "succeeded", "time"], total)
+def summary(results: Sequence[Run], parallel: int, wall_seconds: float) -> str:
+    drawn = Counter(f for r in results for f in r.faults)
+    skipped = Counter(f for r in results for f in r.skipped)
+    rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in FAULTS]
+    head = table(["fault", "injected", "skipped (the job had ended, or the process had just gone)"], rows)
+    total = [[len(results), parallel, sum(bool(r.violations) for r in results),
+              sum(r.outcome == "Succeeded" for r in results), sum(r.restarts for r in results if r.restarts > 0),
+              f"{wall_seconds / 60:.1f} min"]]  # fmt: skip
+    heads = ["runs", "at once", "with a violation", "succeeded", "restarts", "time"]
+    return head + "\n\n" + table(heads, total)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--replay", help="SEED:RUN: that run alone")
+    parser.add_argument("--parallel", type=int, default=1, help="runs going on at once, each with its own job")
+    parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
     args = parser.parse_args(argv)
-    seed, runs = args.seed, list(range(args.runs))
+    seed, runs, parallel = args.seed, list(range(args.runs)), args.parallel
     if args.replay:
-        seed, run = (int(x) for x in args.replay.split(":"))
-        runs = [run]
+        pairs = [tuple(int(x) for x in item.split(":")) for item in args.replay.split(",")]
+        if len({s for s, _ in pairs}) != 1:
+            parser.error(f"--replay {args.replay}: the runs must share one seed")
+        seed, runs, parallel = pairs[0][0], [run for _, run in pairs], len(pairs)
+    started = time.monotonic()
     with chaos_stack() as stack:
-        results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl")
-    markdown = summary(results)
+        results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
+    markdown = summary(results, parallel, time.monotonic() - started)
     print(markdown)
     write_results(NAME, {"machine": machine(), "seed": seed, "runs": [asdict(r) for r in results]}, markdown)
     if any(r.violations for r in results):

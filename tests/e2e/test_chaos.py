@@ -1,7 +1,8 @@
 """The chaos soak's short seeded set (``bench/chaos.py``; ``make soak`` runs 200 of them).
 
-Each run restarts parts of the session's box (kubelet, kube-apiserver, etcd) and kills the
-operator and ranks; the box comes back whole after each, as the soak's invariants check.
+The runs go on side by side, as in ``make soak``. Each restarts parts of the session's box (kubelet,
+kube-apiserver, etcd) and kills the operator and ranks; every job alive at the time must keep every
+promise, as the soak's invariants check.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def test_a_short_seeded_chaos_soak_breaks_no_promise(
     assert cluster.box is not None
     stack = Stack(cluster.box, namespace, tmp_path)
     try:
-        results = soak(stack, SEED, range(RUNS), tmp_path / "chaos.jsonl")
+        results = soak(stack, SEED, range(RUNS), tmp_path / "chaos.jsonl", parallel=RUNS)
     finally:
         stack.close()
     bad = [r for r in results if r.violations]
