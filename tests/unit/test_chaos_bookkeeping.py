@@ -1,0 +1,34 @@
+"""The chaos soak's bookkeeping: which runs went on side by side, the replay command, the summary."""
+
+from __future__ import annotations
+
+from bench.chaos import Overlaps, Run, summary
+
+
+def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
+    overlaps = Overlaps()
+    with overlaps.running(0):
+        with overlaps.running(1):
+            pass
+        with overlaps.running(2), overlaps.running(3):
+            pass
+    with overlaps.running(4):
+        pass
+    assert overlaps.seen == {0: {1, 2, 3}, 1: {0}, 2: {0, 3}, 3: {0, 2}, 4: set()}
+
+
+def test_the_replay_command_runs_a_run_again_with_those_beside_it() -> None:
+    assert Run(1, 37, ["kill-rank"]).replay == "python -m bench.chaos --replay 1:37"
+    assert Run(1, 37, [], alongside=[38, 35]).replay == "python -m bench.chaos --replay 1:35,1:37,1:38"
+
+
+def test_the_summary_counts_a_skipped_fault_apart_from_the_injected_ones() -> None:
+    runs = [
+        Run(1, 0, ["kill-rank", "restart-etcd"], outcome="Succeeded", restarts=1),
+        Run(1, 1, ["kill-rank"], outcome="Succeeded", restarts=0, skipped=["kill-rank"]),
+        Run(1, 2, ["hang-rank"], outcome="timeout", violations=["timed out"]),
+    ]
+    text = summary(runs, parallel=3, wall_seconds=90)
+    assert "| kill-rank | 1 | 1 |" in text
+    assert "| restart-etcd | 1 | 0 |" in text
+    assert "| 3 | 3 | 1 | 2 | 1 | 1.5 min |" in text
