@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             if box.prometheus is not None:
                 print(f"Prometheus at {box.prometheus.url}", flush=True)
             print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)
-            wait_forever(plane)
+            wait_forever()
         except BoxError as err:
             print(f"ddpjob: {err}", file=sys.stderr)
             return 2

@@ -3,6 +3,8 @@
 Everything listens on 127.0.0.1 on free ports. The apiserver serves TLS with a
 box CA, authenticates with static tokens, authorizes with RBAC and signs
 service-account tokens. Each component keeps its log under ``<data-dir>/logs``.
+Once all are up, one that exits on its own is started again, as kubelet restarts
+a static pod; each such restart is said on stderr and kept in ``restarted``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import shutil
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +25,7 @@ from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.pki import make_pki
 from ddpjob_box.ports import free_port, require_free
-from ddpjob_box.processes import Component, exited, tail, wait_until
+from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
 from ddpjob_contract.pods import POD_GROUP_API
 
 LOCK_FILE = "box.pid"
@@ -84,6 +87,9 @@ class ControlPlane:
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
     etcd_url: str = ""
     """etcd's client URL (its v3 JSON gateway too), once started."""
+    restarted: list[str] = field(default_factory=list)
+    """A line for each time a component exited on its own and was started again."""
+    supervisor: Supervisor | None = None
 
     def _gang_flags(self) -> list[str]:
         """The Workload and PodGroup API and gang scheduling (beta in 1.37, off by default)."""
@@ -122,6 +128,11 @@ class ControlPlane:
         except BaseException:
             self.stop()
             raise
+        self.supervisor = Supervisor(self.components, self._say_restarted)
+
+    def _say_restarted(self, line: str) -> None:
+        self.restarted.append(line)
+        print(f"box: {line}", file=sys.stderr, flush=True)
 
     def _start(self, bins: dict[str, Path]) -> None:
         pki = self.data_dir / "pki"
@@ -289,11 +300,10 @@ class ControlPlane:
     def log_tails(self, lines: int = 25) -> str:
         return "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path, lines)}" for c in self.components)
 
-    def check_alive(self, when: str = "during startup") -> None:
-        for component in self.components:
-            component.check_alive(when)
-
     def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         for component in reversed(self.components):
             component.stop()
         lock = self.data_dir / LOCK_FILE
@@ -310,8 +320,7 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, token: str | None = None) 
         return b""
 
 
-def wait_forever(plane: ControlPlane) -> None:
-    """Block until a component dies (raising BoxError) or the process is interrupted."""
+def wait_forever() -> None:
+    """Block until the process is interrupted (a component that exits is started again, and said so)."""
     while True:
-        plane.check_alive("while running")
         time.sleep(1)

@@ -3,7 +3,14 @@
 Each component runs in its own session, so a Ctrl-C in the terminal reaches only
 the box, which then stops its children in order. PR_SET_PDEATHSIG makes the
 kernel kill a child if the box itself dies (SIGKILL, a crashed test run), so no
-process is ever left behind. The box only ever signals processes it started.
+process is ever left behind. The kernel sends it when the *thread* that started
+the child ends, so every child is started by one thread that lives as long as
+the box's process, whichever thread asks. The box only ever signals processes it
+started.
+
+A Supervisor starts a component again when it exits on its own, as kubelet does
+for a control plane's static pods: the real kube-scheduler, for one, exits on
+purpose when it finds its cache inconsistent, and expects to be restarted.
 """
 
 from __future__ import annotations
@@ -13,14 +20,25 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddpjob_box.errors import BoxError
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="box-spawner")
+"""Starts every child, so that each one's parent thread is this one, which ends only with the process."""
+
+BACKOFF_MAX = 30.0
+"""The longest wait before starting again a component that keeps exiting (1, 2, 4 ... seconds before)."""
+STEADY_SECONDS = 60.0
+"""A component that ran this long before it exited is started again after 1 s, as if for the first time."""
 
 
 def die_with_parent() -> None:
@@ -59,11 +77,25 @@ class Component:
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        """How many times a Supervisor started it again after it exited on its own."""
+        self._wanted = False
+        self._lock = threading.Lock()
+        self._started_at = 0.0
+        self._streak = 0
+        self._retry_at: float | None = None
+        self._ran = 0.0
 
     def start(self) -> None:
+        with self._lock:
+            self._wanted, self._retry_at = True, None
+            self._spawn()
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            popen = _SPAWNER.submit(
+                subprocess.Popen,
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -72,6 +104,34 @@ class Component:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+            self.proc = popen.result()
+        self._started_at = time.monotonic()
+
+    def revive(self) -> str | None:
+        """Start it again if it exited on its own (not by ``stop``), once its backoff has passed; says so."""
+        with self._lock:
+            proc = self.proc
+            if not self._wanted or proc is None or proc.poll() is None:
+                return None
+            now = time.monotonic()
+            if self._retry_at is None:
+                self._ran = now - self._started_at
+                if self._ran >= STEADY_SECONDS:
+                    self._streak = 0
+                self._retry_at = now + min(2.0**self._streak, BACKOFF_MAX)
+                return None
+            if now < self._retry_at:
+                return None
+            self._streak, self._retry_at = self._streak + 1, None
+            self.restarts += 1
+            said = (
+                f"{self.name} exited with code {proc.returncode} after {self._ran:.0f}s; "
+                f"the box started it again (restart {self.restarts}); its log: {self.log_path}"
+            )
+            with open(self.log_path, "a") as log:
+                log.write(f"--- box: {said}\n")
+            self._spawn()
+            return said
 
     @property
     def pid(self) -> int | None:
@@ -89,15 +149,41 @@ class Component:
             )
 
     def stop(self, grace: float = 10.0) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with self._lock:
+            self._wanted = False
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                return
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class Supervisor:
+    """Starts again, with a backoff, each of ``components`` that exits on its own, until stopped.
+
+    ``said`` gets one line per restart (each is also written to the component's log)."""
+
+    def __init__(self, components: Sequence[Component], said: Callable[[str], None], period: float = 0.5) -> None:
+        self.components, self.said, self.period = list(components), said, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="box-supervisor", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            for component in self.components:
+                said = component.revive()
+                if said:
+                    self.said(said)
+
+    def stop(self) -> None:
+        """No component is started again after this returns."""
+        self._stop.set()
+        self._thread.join()
 
 
 def wait_until(predicate_desc: str, predicate: object, timeout: float, *, watch: Sequence[Component] = ()) -> None:

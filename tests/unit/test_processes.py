@@ -1,0 +1,84 @@
+"""Box components: started by a thread that outlives whoever asks, and started again when they exit on their own."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ddpjob_box.processes import Component, Supervisor
+
+
+def python(name: str, code: str, tmp_path: Path) -> Component:
+    return Component(name, [sys.executable, "-c", code], tmp_path / f"{name}.log")
+
+
+def until(what: str, predicate: object, timeout: float = 20.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_component_started_by_a_thread_that_ends_keeps_running(tmp_path: Path) -> None:
+    # The kernel's parent-death signal follows the thread that forked: a component started again from a
+    # short-lived thread (the chaos soak's workers restart etcd and kubelet) was killed when that thread ended.
+    component = python("sleeper", "import time; time.sleep(60)", tmp_path)
+    starter = threading.Thread(target=component.start)
+    starter.start()
+    starter.join()
+    time.sleep(0.5)
+    try:
+        assert component.alive(), "the component died with the thread that started it"
+    finally:
+        component.stop()
+
+
+def test_a_component_that_exits_on_its_own_is_started_again_and_said(tmp_path: Path) -> None:
+    marks = tmp_path / "starts"
+    code = f"open({str(marks)!r}, 'a').write('x'); import time; time.sleep(0.2); raise SystemExit(3)"
+    component = python("crasher", code, tmp_path)
+    said: list[str] = []
+    component.start()
+    supervisor = Supervisor([component], said.append, period=0.05)
+    try:
+        until("two restarts", lambda: component.restarts >= 2)
+        until("the third start's mark", lambda: marks.read_text().count("x") >= 3)
+    finally:
+        supervisor.stop()
+        component.stop()
+    assert re.match(r"crasher exited with code 3 after \d+s; the box started it again \(restart 1\)", said[0]), said
+    assert "--- box: crasher exited with code 3" in component.log_path.read_text()
+
+
+def test_a_component_stopped_on_purpose_stays_stopped(tmp_path: Path) -> None:
+    component = python("sleeper", "import time; time.sleep(60)", tmp_path)
+    component.start()
+    said: list[str] = []
+    supervisor = Supervisor([component], said.append, period=0.05)
+    try:
+        component.stop()
+        time.sleep(1.5)  # past the first backoff (1 s)
+        assert not component.alive() and said == [] and component.restarts == 0
+        component.start()  # a restart on purpose, as the chaos soak's: the supervisor does not add one
+        time.sleep(0.3)
+        assert component.alive() and component.restarts == 0
+    finally:
+        supervisor.stop()
+        component.stop()
+
+
+def test_a_component_that_keeps_exiting_waits_longer_each_time(tmp_path: Path) -> None:
+    component = python("crasher", "raise SystemExit(1)", tmp_path)
+    said: list[str] = []
+    component.start()
+    supervisor = Supervisor([component], said.append, period=0.05)
+    try:
+        time.sleep(4.5)  # backoffs of 1 and 2 s: two restarts, the third waits 4 s
+    finally:
+        supervisor.stop()
+        component.stop()
+    assert component.restarts == 2, said
