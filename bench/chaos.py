@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, log, machine, table, write_results
+from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
 from ddpjob_box import images
 
 NAME = "chaos"
@@ -517,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs going on at once, each with its own job")
     parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
     args = parser.parse_args(argv)
+    stop_on_sigterm()
     seed, runs, parallel = args.seed, list(range(args.runs)), args.parallel
     if args.replay:
         pairs = [tuple(int(x) for x in item.split(":")) for item in args.replay.split(",")]
