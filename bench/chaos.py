@@ -498,7 +498,8 @@ def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path, parallel: int 
     return sorted(results, key=lambda r: r.run)
 
 
-def summary(results: Sequence[Run], parallel: int, wall_seconds: float) -> str:
+def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarted: Sequence[str] = ()) -> str:
+    """The faults by kind, then the totals; ``restarted``: the box's components that exited on their own."""
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
     rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in FAULTS]
@@ -507,7 +508,9 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float) -> str:
               sum(r.outcome == "Succeeded" for r in results), sum(r.restarts for r in results if r.restarts > 0),
               f"{wall_seconds / 60:.1f} min"]]  # fmt: skip
     heads = ["runs", "at once", "with a violation", "succeeded", "restarts", "time"]
-    return head + "\n\n" + table(heads, total)
+    exits = Counter(line.split(" exited", 1)[0] for line in restarted)
+    tail = ", ".join(f"{name} {count}" for name, count in sorted(exits.items())) or "none"
+    return head + "\n\n" + table(heads, total) + f"\n\nBox components that exited and were started again: {tail}."
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -527,9 +530,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     with chaos_stack() as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
-    markdown = summary(results, parallel, time.monotonic() - started)
+        assert stack.box.plane is not None
+        restarted = list(stack.box.plane.restarted)
+    markdown = summary(results, parallel, time.monotonic() - started, restarted)
     print(markdown)
-    write_results(NAME, {"machine": machine(), "seed": seed, "runs": [asdict(r) for r in results]}, markdown)
+    data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted}
+    write_results(NAME, {**data, "runs": [asdict(r) for r in results]}, markdown)
     if any(r.violations for r in results):
         raise SystemExit(1)
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddpjob_box.processes import die_with_parent, tail
+from ddpjob_box.processes import spawn, tail
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,15 +39,8 @@ class OperatorProcess:
             argv += ["--workers", str(workers)]
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches us, and we stop it in order
-                preexec_fn=die_with_parent,
-            )
+            # In its own session: a Ctrl-C at the terminal reaches us, and we stop it in order.
+            self.proc = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     @property
     def pid(self) -> int:

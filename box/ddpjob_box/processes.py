@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ddpjob_box.errors import BoxError
 
@@ -44,6 +45,15 @@ STEADY_SECONDS = 60.0
 def die_with_parent() -> None:
     """For ``preexec_fn``: the child gets SIGKILL when the thread that started it exits."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """A child in its own session that dies with this process, whichever thread asks for it."""
+
+    def popen_here() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, **popen)
+
+    return _SPAWNER.submit(popen_here).result()
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -94,17 +104,7 @@ class Component:
     def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            popen = _SPAWNER.submit(
-                subprocess.Popen,
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-            self.proc = popen.result()
+            self.proc = spawn(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self._started_at = time.monotonic()
 
     def revive(self) -> str | None:

@@ -16,8 +16,10 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import api, metrics, namespaces
-from ddpjob_operator.kube import in_cluster
+from ddpjob_operator.kube import Unreachable, in_cluster
 from ddpjob_operator.runtime import Runtime
+
+STARTUP_RETRY_SECONDS = 2
 
 
 @kopf.on.startup()
@@ -27,13 +29,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Kopf scans namespaces and CRDs to expand patterns; a plain list needs no scan, and the
     # namespaced chart grants no cluster-wide list rights (it would log Forbidden on every try).
     settings.scanning.disabled = bool(scope) and not namespaces.any_pattern(scope)
-    memo.runtime = Runtime(
-        scope,
-        workers=int(memo.get("workers") or 16),
-        progress_interval=float(memo.get("progress_interval") or 15.0),
-        progress_timeout=float(memo.get("progress_timeout") or 2.0),
-        progress_concurrency=int(memo.get("progress_concurrency") or 32),
-    )
+    try:
+        memo.runtime = Runtime(
+            scope,
+            workers=int(memo.get("workers") or 16),
+            progress_interval=float(memo.get("progress_interval") or 15.0),
+            progress_timeout=float(memo.get("progress_timeout") or 2.0),
+            progress_concurrency=int(memo.get("progress_concurrency") or 32),
+        )
+    except Unreachable as err:  # started while the apiserver restarts: one line, and soon again (not in 60 s)
+        again = STARTUP_RETRY_SECONDS
+        raise kopf.TemporaryError(f"{err}; trying again in {again}s", delay=again) from None
     memo.runtime.start()
     if memo.get("metrics_port"):
         metrics.serve(int(memo["metrics_port"]))

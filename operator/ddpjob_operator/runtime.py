@@ -43,21 +43,26 @@ class Runtime:
         progress_concurrency: int = 32,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
+        # Asked once, first (it raises kube.Unreachable while the apiserver is down, before anything is made):
+        # serving an API group takes an apiserver restart, and the operator's restarts are cheap.
+        try:
+            pod_groups = self.kube.serves_pod_groups()
+        except BaseException:
+            self.kube.close()
+            raise
+        log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
         # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
         self._reconciles = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
         creates = ThreadPoolExecutor(2 * workers, thread_name_prefix="create")
         events = ThreadPoolExecutor(max(2, workers // 4), thread_name_prefix="event")
         self._pools = (self._reconciles, creates, events)
-        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
         self.queue = WorkQueue(self._reconcile)
         self.served: set[Key] = set()
         """Jobs Kopf delivered, so in a namespace we serve: only they are woken by their pods."""
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
                              concurrency=progress_concurrency)  # fmt: skip
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
-        # Asked once: serving an API group takes an apiserver restart, and the operator's restarts are cheap.
-        pod_groups = self.kube.serves_pod_groups()
-        log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
         self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events,
                                      pod_groups=pod_groups)  # fmt: skip
 

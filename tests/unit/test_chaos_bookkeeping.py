@@ -32,3 +32,8 @@ def test_the_summary_counts_a_skipped_fault_apart_from_the_injected_ones() -> No
     assert "| kill-rank | 1 | 1 |" in text
     assert "| restart-etcd | 1 | 0 |" in text
     assert "| 3 | 3 | 1 | 2 | 1 | 1.5 min |" in text
+    assert text.endswith("started again: none.")
+    again = summary(
+        runs, 3, 90, ["kube-scheduler exited with code 1 after 9s; ...", "kube-scheduler exited with code 1 ..."]
+    )
+    assert again.endswith("started again: kube-scheduler 2."), again
