@@ -65,11 +65,11 @@ demo: setup
 bench: setup
 	$(PY) -m bench.run_all
 
-# 200 seeded chaos runs against the box, 3 at a time (bench/chaos.py; make test runs 3 of them), and 100 SIGKILLs of the
+# 200 seeded chaos runs against the box, 4 at a time (bench/chaos.py; make test runs 3 of them), and 100 SIGKILLs of the
 # trainer inside its checkpoint writes (bench/checkpoint_kills.py; make test runs 2)
 soak: setup
 	$(PY) -m bench.checkpoint_kills --kills 100
-	$(PY) -m bench.chaos --runs 200 --seed 1 --parallel 3
+	$(PY) -m bench.chaos --runs 200 --seed 1 --parallel 4
 
 clean-venv:
 	rm -rf $(VENV)
