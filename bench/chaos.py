@@ -1,7 +1,7 @@
 """Chaos soak: seeded faults against the whole box, with the operator's promises checked after each run.
 
     python -m bench.chaos --runs 10 --seed 1        # make test runs a short set (tests/e2e/test_chaos.py)
-    python -m bench.chaos --runs 200 --seed 1 --parallel 3   # make soak: 3 jobs at a time
+    python -m bench.chaos --runs 200 --seed 1 --parallel 4   # make soak: 4 jobs at a time
     python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
     python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
 
