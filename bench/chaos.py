@@ -67,7 +67,8 @@ class Run:
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    """Faults not injected: the job had ended, or the rank's process had just gone."""
+    """Faults not injected (the job had ended, or the rank's process had just gone), or a pod deleted too late
+    to cost a restart (every rank of that attempt had already exited 0)."""
     timeline: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     operator_log: str = ""
@@ -244,8 +245,15 @@ def wait(what: str, probe: Callable[[], Any], timeout: float) -> Any:
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def restarted(stack: Stack, name: str, attempt: int) -> Callable[[], bool]:
-    return lambda: int(status(stack, name).get("attempt", 0)) > attempt
+def restarted_or_over(stack: Stack, name: str, attempt: int) -> Callable[[], dict[str, Any]]:
+    """The status once the job has restarted past ``attempt`` or ended; {} before."""
+
+    def probe() -> dict[str, Any]:
+        found = status(stack, name)
+        over = found.get("phase") in ("Succeeded", "Failed")
+        return found if over or int(found.get("attempt", 0)) > attempt else {}
+
+    return probe
 
 
 class NotInjected(Exception):
@@ -375,7 +383,14 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
                 continue
             said(f"{fault} (attempt {attempt['attempt']})")
             if fault in RESTARTING:
-                wait("the restart", restarted(stack, name, int(attempt["attempt"])), 120)
+                after = wait("the restart", restarted_or_over(stack, name, int(attempt["attempt"])), 120)
+                same = int(after.get("attempt", 0)) == int(attempt["attempt"])
+                if fault == "delete-pod" and same and after.get("phase") == "Succeeded":
+                    # Every rank of that attempt exited 0: the pod was deleted after its rank had finished (the
+                    # final step is still checked below). A killed or stopped rank cannot exit 0: for those,
+                    # no restart is a violation (the restart count below).
+                    result.skipped.append(fault)
+                    said(f"{fault} came too late: every rank had finished, and the job Succeeded")
         final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
                      300 + 60 * len(faults))  # fmt: skip
         said(f"{final['phase']}")
@@ -503,7 +518,7 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarte
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
     rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in FAULTS]
-    head = table(["fault", "injected", "skipped (the job had ended, or the process had just gone)"], rows)
+    head = table(["fault", "injected", "skipped or too late (the job or the rank had ended)"], rows)
     total = [[len(results), parallel, sum(bool(r.violations) for r in results),
               sum(r.outcome == "Succeeded" for r in results), sum(r.restarts for r in results if r.restarts > 0),
               f"{wall_seconds / 60:.1f} min"]]  # fmt: skip
