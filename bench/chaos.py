@@ -231,6 +231,7 @@ def status_now(stack: Stack, name: str) -> dict[str, Any]:
             time.sleep(0.5)
 
 
+SUSPENDED_OR_OVER = ("Suspended", "Succeeded", "Failed")
 LIVE_OR_OVER = ("Running", "Succeeded", "Failed")
 """The phases a fault waits for: Running, or an end that leaves nothing to inject."""
 
@@ -306,9 +307,11 @@ def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
         case "suspend-resume":
             patch = {"spec": {"runPolicy": {"suspend": True}}}
             stack.patch_job(name, patch)
-            wait("Suspended", lambda: status(stack, name).get("phase") == "Suspended", 60)
+            phase = wait("Suspended", lambda: (p := status(stack, name).get("phase")) in SUSPENDED_OR_OVER and p, 60)
             patch["spec"]["runPolicy"]["suspend"] = False
             stack.patch_job(name, patch)
+            if phase != "Suspended":  # every rank had exited 0 before the operator saw the suspend
+                raise NotInjected(f"the job {phase} before the suspend took")
 
 
 def checkpoints_load(stack: Stack, claim: str) -> list[str]:
