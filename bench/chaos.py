@@ -117,9 +117,17 @@ class Stack:
         self._calm = threading.Lock()
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A call to the apiserver, made while no box fault is under way (another run's, with --parallel)."""
-        with self._calm:
-            return method(*args, **kwargs)
+        """A call to the apiserver, made while no box fault is under way (another run's, with --parallel);
+        a 5xx (etcd just restarted: the apiserver answers, but writes may fail for a moment) is tried again."""
+        deadline = time.monotonic() + 60
+        while True:
+            with self._calm:
+                try:
+                    return method(*args, **kwargs)
+                except Exception as err:
+                    if int(getattr(err, "status", 0) or 0) < 500 or time.monotonic() > deadline:
+                        raise
+            time.sleep(1)
 
     def create_job(self, body: dict[str, Any]) -> None:
         self.call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, body)
@@ -484,7 +492,8 @@ def guarded_run(stack: Stack, seed: int, index: int, overlaps: Overlaps) -> Run:
         try:
             result = one_run(stack, seed, index)
         except Exception as err:  # kept in the results, with the replay command
-            result = Run(seed, index, [], outcome="harness-error", violations=[f"the harness failed: {err!r}"])
+            failed = f"the harness failed: {type(err).__name__}: {err}"
+            result = Run(seed, index, [], outcome="harness-error", violations=[failed])
             name, claim = names(seed, index)
             for delete, what in ((stack.delete_job, name), (stack.delete_claim, claim)):
                 try:
