@@ -501,7 +501,7 @@ def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
         return ""
     step = prog.step if prog and prog.step is not None else 0
     why = f"no rank advanced its step for {limit}s (spec.progressDeadlineSeconds={limit}); stuck at step {step}"
-    silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'})" for r in summary.ranks if r.error]
+    silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'}: {r.error})" for r in summary.ranks if r.error]
     return why + (f"; not answering: {', '.join(silent)}" if silent else "")
 
 

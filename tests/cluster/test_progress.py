@@ -61,7 +61,7 @@ def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
     restarting = condition(status, "Restarting")
     assert restarting["reason"] == "NoProgress"
     assert "no rank advanced its step for 6s (spec.progressDeadlineSeconds=6)" in restarting["message"]
-    assert "not answering: rank 1 (pod train-1 on node unknown)" in restarting["message"]
+    assert "not answering: rank 1 (pod train-1 on node unknown: " in restarting["message"]
     wait_for(lambda: "NoProgress" in reasons(raw, namespace), what="the NoProgress event (posted off the reconcile)")
 
 

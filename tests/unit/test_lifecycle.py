@@ -542,7 +542,7 @@ def test_no_progress_for_the_deadline_restarts_the_gang_with_reason_no_progress(
     status, reason, message = c.condition("Restarting")
     assert (status, reason) == (True, "NoProgress")
     assert "no rank advanced its step for 30s (spec.progressDeadlineSeconds=30); stuck at step 10" in message
-    assert "not answering: rank 1 (pod train-1 on node node-a)" in message
+    assert "not answering: rank 1 (pod train-1 on node node-a: no answer within 2s)" in message
     assert sorted(x.name for x in p.delete_pods) == ["train-0", "train-1"]
     assert c.events[-1] == "NoProgress"
 
