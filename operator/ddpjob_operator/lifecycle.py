@@ -499,6 +499,10 @@ def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
     limit = job.spec.progress_deadline_seconds
     if not progress_deadline.exceeded(limit, running_since=running_since, last_progress=last, observed=summary.at):
         return ""
+    if any(r.error == progress.REFUSED for r in summary.ranks):
+        # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
+        # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
+        return ""
     step = prog.step if prog and prog.step is not None else 0
     why = f"no rank advanced its step for {limit}s (spec.progressDeadlineSeconds={limit}); stuck at step {step}"
     silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'}: {r.error})" for r in summary.ranks if r.error]

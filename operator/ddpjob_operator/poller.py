@@ -151,6 +151,10 @@ class Poller:
                 text = await asyncio.wait_for(self._fetch(target.url), timeout=self.timeout)
         except TimeoutError:
             return f"no answer within {self.timeout:g}s"
+        except aiohttp.ClientConnectorError as err:
+            if isinstance(err.os_error, ConnectionRefusedError):
+                return progress.REFUSED
+            return str(err) or type(err).__name__
         except (ScrapeError, aiohttp.ClientError, OSError, ValueError) as err:
             return str(err) or type(err).__name__
         return progress.parse_metrics(text)

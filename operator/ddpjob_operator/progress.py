@@ -38,6 +38,10 @@ SILENT_SECONDS = 45.0
 # One scrape of one rank
 
 
+REFUSED = "connection refused: nothing listens on its metrics port (its program has exited)"
+"""A poll's error when the rank's program is gone, not hung: its pod's exit, which kubelet reports, decides."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankSample:
     """The counters of one rank's /metrics at one moment (cumulative since its process started)."""

@@ -11,7 +11,7 @@ import pytest
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
-from ddpjob_operator.progress import RankSample, Scrape
+from ddpjob_operator.progress import REFUSED, RankSample, Scrape
 from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
 
 from .factories import job, pod
@@ -31,6 +31,8 @@ class FakeCluster:
         self.now = T0
         self.deleted_job = False
         self.metrics: dict[int, RankSample] = {}
+        self.gone: list[int] = []
+        """Ranks whose program has exited though kubelet has not said so yet: their polls are refused."""
         """What each rank's /metrics says; a rank missing here does not answer."""
         self.scrapes: list[Scrape] = []
         self.last: Plan | None = None
@@ -75,7 +77,8 @@ class FakeCluster:
         assert self.last is not None
         targets = self.last.poll
         answered = {t.rank: self.metrics[t.rank] for t in targets if t.rank in self.metrics}
-        errors = {t.rank: "no answer within 2s" for t in targets if t.rank not in self.metrics}
+        errors = {t.rank: REFUSED if t.rank in self.gone else "no answer within 2s"
+                  for t in targets if t.rank not in self.metrics}  # fmt: skip
         self.scrapes.append(Scrape(at=self.now, attempt=self.status.attempt, targets=targets, ranks=answered,
                                    errors=errors))  # fmt: skip
         return self.step()
@@ -545,6 +548,20 @@ def test_no_progress_for_the_deadline_restarts_the_gang_with_reason_no_progress(
     assert "not answering: rank 1 (pod train-1 on node node-a: no answer within 2s)" in message
     assert sorted(x.name for x in p.delete_pods) == ["train-0", "train-1"]
     assert c.events[-1] == "NoProgress"
+
+
+def test_a_rank_whose_program_is_gone_is_not_hung_and_its_pods_exit_decides() -> None:
+    # The chaos soak: ranks finished while kubelet restarted; their polls were refused for 20 s before kubelet
+    # reported the exits, and NoProgress restarted a job that had succeeded.
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    del c.metrics[0]
+    c.gone.append(0)
+    train(c, 40, 0)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+    c.set_all(phase="Succeeded", exit_code=0)
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
 
 
 def test_no_progress_counts_against_the_backoff_limit() -> None:
