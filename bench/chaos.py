@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import tempfile
 import threading
@@ -433,9 +434,17 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
     if "Traceback" in operator_log:
         result.violations.append("the operator logged a traceback")
     if result.violations:
-        result.operator_log = operator_log[-6000:]
+        result.operator_log = log_excerpt(operator_log, name)
     result.seconds = round(time.monotonic() - started, 1)
     return result
+
+
+def log_excerpt(log_text: str, name: str, lines: int = 200, tail: int = 3000) -> str:
+    """What a violation keeps of the operator's log: the lines that name this job (its whole story, which
+    the other runs' lines would push out of a plain tail), then the tail, for what happened around the end."""
+    mine = re.compile(re.escape(name) + r"\b")
+    said = [line for line in log_text.splitlines() if mine.search(line)]
+    return "\n".join(said[-lines:]) + "\n--- the log's tail ---\n" + log_text[-tail:]
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.chaos import Overlaps, Run, summary
+from bench.chaos import Overlaps, Run, log_excerpt, summary
 
 
 def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
@@ -37,3 +37,13 @@ def test_the_summary_counts_a_skipped_fault_apart_from_the_injected_ones() -> No
         runs, 3, 90, ["kube-scheduler exited with code 1 after 9s; ...", "kube-scheduler exited with code 1 ..."]
     )
     assert again.endswith("started again: kube-scheduler 2."), again
+
+
+def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it_begins() -> None:
+    lines = [f"chaos/chaos-1-24: line {i}" for i in range(3)] + ["chaos/chaos-1-2: other", "pod chaos-1-24-0 gone"]
+    filler = "x" * 5000
+    kept = log_excerpt("\n".join([lines[0], filler, *lines[1:], filler]), "chaos-1-24", tail=100)
+    head, tail = kept.split("\n--- the log's tail ---\n")
+    assert head.splitlines() == ["chaos/chaos-1-24: line 0", "chaos/chaos-1-24: line 1", "chaos/chaos-1-24: line 2",
+                                 "pod chaos-1-24-0 gone"]  # fmt: skip
+    assert tail == ("\n" + filler)[-100:]
