@@ -128,9 +128,10 @@ class ControlPlane:
         except BaseException:
             self.stop()
             raise
-        self.supervisor = Supervisor(self.components, self._say_restarted)
+        self.supervisor = Supervisor(self.components, self.say_restarted)
 
-    def _say_restarted(self, line: str) -> None:
+    def say_restarted(self, line: str) -> None:
+        """A component of the box (this plane's, or a node's) exited on its own and was started again."""
         self.restarted.append(line)
         print(f"box: {line}", file=sys.stderr, flush=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +158,30 @@ def test_a_pod_resolves_its_headless_service_name_and_reaches_the_apiserver_as_k
 ) -> None:
     if not (node.with_dns and node.with_proxy):
         pytest.skip("this node runs without CoreDNS or kube-proxy")
+    _resolve_and_reach_the_apiserver(node, api_client, namespace, kubectl)
+
+
+def test_node_components_killed_outright_are_started_again_and_the_node_still_runs_pods_that_resolve_names(
+    node: KubeletNode, api_client: Any, namespace: str, kubectl: Kubectl
+) -> None:
+    """As systemd restarts a real node's kubelet and containerd, and kubelet its CoreDNS and kube-proxy pods."""
+    if not (node.with_dns and node.with_proxy):
+        pytest.skip("this node runs without CoreDNS or kube-proxy")
+    killed = {c.name: c.pid for c in node.components}
+    assert set(killed) == {"coredns", "containerd", "kubelet", "kube-proxy", "apiserver-forwarder"}
+    for pid in killed.values():
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not all(c.alive() and c.pid != killed[c.name] for c in node.components):
+        assert time.monotonic() < deadline, f"not all started again: {node.plane.restarted}"
+        time.sleep(0.2)
+    said = {line.split(" exited", 1)[0] for line in node.plane.restarted}
+    assert set(killed) <= said, node.plane.restarted
+    _resolve_and_reach_the_apiserver(node, api_client, namespace, kubectl)
+
+
+def _resolve_and_reach_the_apiserver(node: KubeletNode, api_client: Any, namespace: str, kubectl: Kubectl) -> None:
     core = client.CoreV1Api(api_client)
     core.create_namespaced_service(
         namespace,

@@ -45,7 +45,7 @@ from ddpjob_box.kubenode.configs import (
 )
 from ddpjob_box.pki import issue_cert
 from ddpjob_box.ports import free_port
-from ddpjob_box.processes import Component, exited, tail, wait_until
+from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
 
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
@@ -79,6 +79,9 @@ class KubeletNode:
     api_forwarder: Component | None = None
     containerd: Component | None = None
     kubelet: Component | None = None
+    # Starts each of the components above again when it exits on its own, as systemd restarts a real node's
+    # kubelet and containerd, and kubelet its CoreDNS and kube-proxy pods (said in the plane's ``restarted``)
+    supervisor: Supervisor | None = None
     before: hoststate.HostState | None = None
     # containerd's image store, leased from the cache while the node runs (kubenode.store)
     lease: store.StoreLease | None = None
@@ -147,6 +150,13 @@ class KubeletNode:
         except BaseException:
             self.stop()
             raise
+        self.supervisor = Supervisor(self.components, self.plane.say_restarted)
+
+    @property
+    def components(self) -> list[Component]:
+        """The node's processes that are started: each of them serves until the node stops."""
+        found = (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
+        return [c for c in found if c]
 
     def _make_bridge(self) -> None:
         # The CNI bridge plugin would make it at the first pod, but kubelet needs its node IP on an interface.
@@ -367,6 +377,9 @@ class KubeletNode:
 
     def stop(self) -> None:
         """Stop kubelet, kill the pods' processes and the shims, stop containerd, and restore the host."""
+        if self.supervisor is not None:
+            self.supervisor.stop()  # none of what follows is started again
+            self.supervisor = None
         for component in (self.kube_proxy, self.api_forwarder, self.kubelet):
             if component:
                 component.stop()
@@ -404,11 +417,7 @@ class KubeletNode:
         raise BoxError(f"no process of container {ident} under {pids}: is it running?")
 
     def log_tails(self) -> str:
-        return "\n".join(
-            f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}"
-            for c in (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
-            if c
-        )
+        return "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in self.components)
 
 
 def recover(directory: Path) -> bool:
