@@ -109,6 +109,9 @@ def test_a_pod_runs_from_a_local_image_with_logs_and_exec_through_the_apiserver(
     print(f"pod Running {time.monotonic() - created:.1f}s after create")
     assert pod.status.phase == "Running"
     assert ipaddress.ip_address(pod.status.pod_ip) in node.subnet
+    # A bridge whose MAC follows its ports' would now have the pod's veth MAC, and pods' ARP entries for the
+    # gateway would go stale as pods come and go.
+    assert Path(f"/sys/class/net/{node.bridge}/address").read_text().strip() == node.bridge_mac
 
     exec_out = kubectl("exec", "-n", namespace, "hello", "--", "sh", "-c", "id -u; touch /tmp/go").stdout
     assert exec_out.split() == ["0"]

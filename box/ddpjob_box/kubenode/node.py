@@ -10,6 +10,7 @@ itself, then puts the host back as the snapshot found it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -158,9 +159,18 @@ class KubeletNode:
         found = (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
         return [c for c in found if c]
 
+    @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC, fixed and locally administered. Left to the kernel, a bridge takes the lowest
+        MAC of its ports, so it changed as pods came and went; every pod's ARP entry for the gateway then
+        pointed at a MAC nobody had, and traffic to the host (polls' answers, CoreDNS, the apiserver) was
+        lost for up to a minute, until the entry expired (the chaos soak's polls timed out so)."""
+        digest = hashlib.sha256(self.bridge.encode()).digest()
+        return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+
     def _make_bridge(self) -> None:
         # The CNI bridge plugin would make it at the first pod, but kubelet needs its node IP on an interface.
-        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "add", self.bridge, "address", self.bridge_mac, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
