@@ -499,10 +499,9 @@ def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
     limit = job.spec.progress_deadline_seconds
     if not progress_deadline.exceeded(limit, running_since=running_since, last_progress=last, observed=summary.at):
         return ""
-    if any(r.error in progress.GONE for r in summary.ranks):
-        # A rank whose program is gone (nothing listens, or its pod is torn down) is not hung: kubelet reports
-        # its exit (late, while kubelet or the apiserver restarts), and that exit, a success or a failure,
-        # decides. A hung rank's kernel still accepts the poll, which times out: that rank is still judged.
+    if any(r.error == progress.REFUSED for r in summary.ranks):
+        # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
+        # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
         return ""
     step = prog.step if prog and prog.step is not None else 0
     why = f"no rank advanced its step for {limit}s (spec.progressDeadlineSeconds={limit}); stuck at step {step}"

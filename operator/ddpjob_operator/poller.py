@@ -11,7 +11,6 @@ a cap on concurrent requests across all jobs, and a cap on the bytes read.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -150,15 +149,11 @@ class Poller:
         try:
             async with self._limit:
                 text = await asyncio.wait_for(self._fetch(target.url), timeout=self.timeout)
-        except aiohttp.ConnectionTimeoutError:  # a TimeoutError too: caught first
-            return progress.UNREACHABLE
         except TimeoutError:
             return f"no answer within {self.timeout:g}s"
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, ConnectionRefusedError):
                 return progress.REFUSED
-            if getattr(err.os_error, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-                return progress.UNREACHABLE
             return str(err) or type(err).__name__
         except (ScrapeError, aiohttp.ClientError, OSError, ValueError) as err:
             return str(err) or type(err).__name__
@@ -168,10 +163,7 @@ class Poller:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._concurrency, force_close=True)
             self._session = aiohttp.ClientSession(connector=connector)
-        # The connection alone gets half the time: a live pod's kernel accepts it at once, even when its
-        # process is hung, so a connection that does not come means the pod's address is gone.
-        connect = aiohttp.ClientTimeout(sock_connect=self.timeout / 2)
-        async with self._session.get(url, allow_redirects=False, timeout=connect) as response:
+        async with self._session.get(url, allow_redirects=False) as response:
             if response.status != 200:
                 raise ScrapeError(f"HTTP {response.status} from {url}")
             body = await response.content.read(MAX_BYTES)

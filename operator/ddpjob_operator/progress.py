@@ -40,11 +40,6 @@ SILENT_SECONDS = 45.0
 
 REFUSED = "connection refused: nothing listens on its metrics port (its program has exited)"
 """A poll's error when the rank's program is gone, not hung: its pod's exit, which kubelet reports, decides."""
-UNREACHABLE = "no connection: its pod's address does not answer (the pod has stopped, or its network is cut)"
-"""A poll's error when not even the kernel answers: a rank that exited and whose pod kubelet has torn down.
-A hung process's kernel still accepts the connection; that poll times out waiting for the answer instead."""
-GONE = frozenset({REFUSED, UNREACHABLE})
-"""Poll errors that say a rank's program is gone, not hung."""
 
 
 @dataclass(frozen=True, kw_only=True)
