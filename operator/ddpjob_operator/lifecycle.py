@@ -280,6 +280,11 @@ def _no_progress(v: View) -> Transition | None:
     """spec.progressDeadlineSeconds, judged by the newest polls: restarted like a failure."""
     if v.fold is None or v.status.phase is not Phase.RUNNING:
         return None
+    if v.obs.succeeded:
+        # A rank that exited 0 passed the last collective, so every rank has finished training and the rest
+        # are exiting: their exits decide, as kubelet reports them (late, while it or the apiserver restarts,
+        # after it tore their pods down: their polls then time out like a hung rank's).
+        return None
     stuck = _stuck(v.job, v.status, v.fold.summary)
     if not stuck:
         return None

@@ -564,6 +564,20 @@ def test_a_rank_whose_program_is_gone_is_not_hung_and_its_pods_exit_decides() ->
     assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
 
 
+def test_a_rank_whose_peer_exited_0_is_finishing_not_hung_and_its_pods_exit_decides() -> None:
+    # The chaos soak (runs 1:123, 1:139): rank 0's exit 0 was reported; rank 1 had exited too, but kubelet and
+    # the apiserver were restarting, and kubelet had torn its pod down: its polls timed out for 20 s.
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    c.set(0, phase="Succeeded", exit_code=0)
+    del c.metrics[1]
+    train(c, 40, 0)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+    c.set(1, phase="Succeeded", exit_code=0)
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
+
+
 def test_no_progress_counts_against_the_backoff_limit() -> None:
     c = running(2, progressDeadlineSeconds=30, runPolicy={"backoffLimit": 0})
     train(c, 40, 0)
