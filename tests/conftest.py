@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -114,6 +115,13 @@ def namespace(api_client: Any) -> Iterator[str]:
     core = client.CoreV1Api(api_client)
     name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"ddpjob.dev/test": "true"}}})
+    # A pod is refused until the controller-manager has made the namespace's default ServiceAccount, which takes
+    # a while after an apiserver restart (the plane-restart tests): a pod made at once failed with 403.
+    deadline = time.monotonic() + 60
+    while not core.list_namespaced_service_account(name, field_selector="metadata.name=default").items:
+        if time.monotonic() > deadline:
+            break  # the test's own pods then say why
+        time.sleep(0.1)
     try:
         yield name
     finally:
