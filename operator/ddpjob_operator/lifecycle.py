@@ -458,8 +458,15 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
     candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
-    known_ranks = (r.rank for r in old.ranks if r.step is not None)
-    silent = tuple(sorted(set(old.silent) | progress.silent_ranks(scrapes, known_ranks)))
+    # A rank keeps the last step it answered with while it does not answer (a hung rank, once its answers have
+    # left the poller's window): it is known, so it is never taken for one that serves no metrics.
+    last_step = {r.rank: r.step for r in old.ranks if r.step is not None}
+    silent = tuple(sorted(set(old.silent) | progress.silent_ranks(scrapes, last_step)))
+    kept = tuple(
+        replace(r, step=last_step[r.rank]) if r.step is None and r.rank in last_step else r
+        for r in summary.ranks
+        if r.rank not in silent
+    )
     new = replace(
         old,
         silent=silent,
@@ -472,7 +479,7 @@ def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | No
         slowest_rank=summary.slowest_rank,
         last_progress_time=summary.at if advanced else old.last_progress_time,
         observed_time=summary.at,
-        ranks=tuple(r for r in summary.ranks if r.rank not in silent),
+        ranks=kept,
         straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
     )
     return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)

@@ -11,7 +11,7 @@ import pytest
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
-from ddpjob_operator.progress import REFUSED, RankSample, Scrape
+from ddpjob_operator.progress import REFUSED, WINDOW_SECONDS, RankSample, Scrape
 from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
 
 from .factories import job, pod
@@ -81,6 +81,8 @@ class FakeCluster:
                   for t in targets if t.rank not in self.metrics}  # fmt: skip
         self.scrapes.append(Scrape(at=self.now, attempt=self.status.attempt, targets=targets, ranks=answered,
                                    errors=errors))  # fmt: skip
+        # as the poller, which keeps one window of scrapes
+        self.scrapes = [s for s in self.scrapes if (self.now - s.at).total_seconds() <= WINDOW_SECONDS]
         return self.step()
 
     def join(self, *ranks: int) -> None:
@@ -761,6 +763,23 @@ def test_a_rank_that_serves_no_metrics_is_said_once_in_plain_words_and_no_longer
     assert all(not r.error for r in p.ranks), "no connection error carried in status"
     assert c.status.phase is Phase.RUNNING, "its running pod is all we can know: it counts as joined"
     assert p.to_dict()["silentRanks"] == [1]
+
+
+def test_a_rank_that_hangs_for_longer_than_the_poll_window_is_still_named_not_taken_for_silent() -> None:
+    # A hung rank answered before; after a minute of no answers it was forgotten and called "serves no metrics",
+    # dropped from the polls and from the NoProgress message of a job with a long deadline.
+    c = running(2, progressDeadlineSeconds=150)
+    train(c, 5, 10)
+    del c.metrics[1]
+    for _ in range(30):  # 120 s: twice the poll window, within the deadline
+        train(c, 4, 0)
+    p = c.status.progress
+    assert p is not None and p.silent == () and not p.note
+    assert c.last is not None and [t.rank for t in c.last.poll] == [0, 1]
+    for _ in range(10):
+        train(c, 4, 0)
+    assert c.status.restarts == 1
+    assert "not answering: rank 1 (pod train-1 on node " in c.condition("Restarting")[2]
 
 
 def test_a_rank_that_is_slow_to_serve_is_not_taken_for_silent() -> None:
