@@ -66,11 +66,15 @@ class PodView:
     """The scheduler's word for why it cannot place the pod (PodScheduled False, Unschedulable)."""
     disruption: Disruption | None = None
     """Why Kubernetes is taking the pod away (its DisruptionTarget condition): not the rank's failure."""
+    others_running: bool = False
+    """A container other than the trainer still runs (a sidecar that kubelet will not stop by itself)."""
 
     @property
-    def terminated(self) -> bool:
-        """The pod as a whole has stopped: nothing in it runs any more."""
-        return self.phase in ("Succeeded", "Failed")
+    def finished(self) -> bool:
+        """Nothing in the pod runs any more, or will soon: its phase is terminal, or its trainer has exited and
+        no other container runs. kubelet reports the terminal phase only once it has torn the pod down, which
+        can take seconds after the trainer's exit; until then the phase stays Running."""
+        return self.phase in ("Succeeded", "Failed") or (self.exit_code is not None and not self.others_running)
 
     @property
     def succeeded(self) -> bool:
@@ -133,7 +137,9 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     exit_code: int | None = None
     finished_at = exit_reason = message = ""
     reason = str(status.get("reason") or "")
+    others_running = False
     for cs in status.get("containerStatuses") or []:
+        others_running |= cs.get("name") != trainer and "running" in ((cs or {}).get("state") or {})
         terminated = ((cs or {}).get("state") or {}).get("terminated")
         if cs.get("name") == trainer and terminated and isinstance(terminated.get("exitCode"), int):
             exit_code = terminated["exitCode"]
@@ -164,6 +170,7 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         blocked=_blocked(status),
         unschedulable=_unschedulable(status),
         disruption=_disruption(status),
+        others_running=others_running,
     )
 
 

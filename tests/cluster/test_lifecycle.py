@@ -6,6 +6,7 @@ pods without a node are deleted at once, as the garbage collector and the operat
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -198,6 +199,19 @@ def test_clean_pod_policy_decides_which_pods_remain_when_the_job_finishes(
     wait_for(phase_is(raw, namespace, "train", "Failed"), what="phase Failed")
 
     wait_for(lambda: sorted(p["metadata"]["name"] for p in raw.pods(namespace, "train")) == left, what=f"pods {left}")
+
+
+def test_ranks_that_exited_0_keep_their_pods_while_kubelet_still_reports_them_running(
+    raw: Raw, namespace: str, operator: Operator
+) -> None:
+    """kubelet reports a pod's terminal phase only once it has torn the pod down, seconds after the trainer's
+    exit: until then the phase is Running. cleanPodPolicy Running keeps those pods, and their logs."""
+    start(raw, namespace)
+    run_all(raw, namespace)
+    raw.set_all(namespace, "train", "Running", exit_code=0)
+    wait_for(phase_is(raw, namespace, "train", "Succeeded"), what="phase Succeeded")
+    time.sleep(3)  # the operator acts on the finish at once: give it the time to delete what it would
+    assert sorted(p["metadata"]["name"] for p in raw.pods(namespace, "train")) == ["train-0", "train-1"]
 
 
 def test_every_transition_is_recorded_as_an_event(raw: Raw, namespace: str, operator: Operator) -> None:

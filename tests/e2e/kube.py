@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from ddpjob_box.kubenode.node import KubeletNode
 
@@ -83,8 +84,16 @@ class Jobs:
         return self.core.read_namespaced_pod(name, self.ns)
 
     def log(self, pod: str, container: str = "trainer") -> str:
-        """What the container printed, as ``kubectl logs`` shows it (kubelet's log, through the apiserver)."""
-        return str(self.core.read_namespaced_pod_log(pod, self.ns, container=container))
+        """What the container printed, as ``kubectl logs`` shows it (kubelet's log, through the apiserver).
+
+        A pod that is gone fails the test with its job's status, which says why the operator replaced it."""
+        try:
+            return str(self.core.read_namespaced_pod_log(pod, self.ns, container=container))
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            job = pod.rsplit("-", 1)[0]
+            pytest.fail(f"pod {pod} is gone; job {job}'s status: {self.status(job)}", pytrace=False)
 
     def pid(self, node: KubeletNode, pod: str, container: str = "trainer") -> int:
         """The host PID of a pod's running container, to signal it from outside as a fault would."""

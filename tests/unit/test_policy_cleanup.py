@@ -13,7 +13,8 @@ PODS = [
     PodView(name="pending", phase="Pending"),
     PodView(name="done", phase="Succeeded", exit_code=0),
     PodView(name="failed", phase="Failed", exit_code=2),
-    PodView(name="sidecar-left", phase="Running", exit_code=0),  # trainer exited, a sidecar still runs
+    PodView(name="sidecar-left", phase="Running", exit_code=0, others_running=True),  # a sidecar still runs
+    PodView(name="exiting", phase="Running", exit_code=0),  # exited; kubelet has not torn the pod down yet
     PodView(name="going", phase="Running", terminating=True),
 ]
 
@@ -21,13 +22,13 @@ PODS = [
 @pytest.mark.parametrize(
     ("policy", "deadline", "deleted"),
     [
-        (CleanPodPolicy.ALL, False, ["running", "pending", "done", "failed", "sidecar-left"]),
+        (CleanPodPolicy.ALL, False, ["running", "pending", "done", "failed", "sidecar-left", "exiting"]),
         (CleanPodPolicy.RUNNING, False, ["running", "pending", "sidecar-left"]),
         (CleanPodPolicy.NONE, False, []),
         # past the deadline, nothing keeps running whatever the policy
         (CleanPodPolicy.NONE, True, ["running", "pending", "sidecar-left"]),
         (CleanPodPolicy.RUNNING, True, ["running", "pending", "sidecar-left"]),
-        (CleanPodPolicy.ALL, True, ["running", "pending", "done", "failed", "sidecar-left"]),
+        (CleanPodPolicy.ALL, True, ["running", "pending", "done", "failed", "sidecar-left", "exiting"]),
     ],
 )
 def test_clean_pod_policy_chooses_the_pods_to_delete(

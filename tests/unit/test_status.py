@@ -34,10 +34,15 @@ def raw_pod(phase: str = "Running", *, exit_code: int | None = None, **extra: An
     ("raw", "expected"),
     [
         (raw_pod(), dict(phase="Running", exit_code=None, running=True, failed=False, succeeded=False)),
-        (raw_pod("Succeeded", exit_code=0), dict(exit_code=0, succeeded=True, failed=False, terminated=True)),
+        (raw_pod("Succeeded", exit_code=0), dict(exit_code=0, succeeded=True, failed=False, finished=True)),
+        # the trainer exited 0 and kubelet has not torn the pod down yet, so its phase is still Running
+        (raw_pod("Running", exit_code=0), dict(succeeded=True, running=False, finished=True)),
         (raw_pod("Failed", exit_code=200), dict(exit_code=200, failed=True, running=False)),
         # a sidecar keeps the pod Running, but the trainer has exited: that rank has failed
-        (raw_pod("Running", exit_code=2), dict(exit_code=2, failed=True, running=False, terminated=False)),
+        (raw_pod("Running", exit_code=2, status={"containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 2}}},
+            {"name": "sidecar", "state": {"running": {}}}]}),
+         dict(exit_code=2, failed=True, running=False, finished=False, others_running=True)),
         (raw_pod("Failed", status={"reason": "Evicted", "containerStatuses": []}),
          dict(exit_code=None, failed=True, reason="Evicted")),
         (raw_pod("Failed", status={"containerStatuses": [], "initContainerStatuses": [

@@ -1,9 +1,11 @@
 """cleanPodPolicy once the job has finished.
 
 ``All`` deletes every pod. ``Running`` (the default) deletes the pods still running, keeping the
-finished ones for their logs. ``None`` deletes nothing: after a failure the surviving ranks stay
-up, to be inspected (py-spy, exec). A job that ran past its deadline loses its running pods
-whatever the policy: the deadline is a limit on resources.
+finished ones for their logs. A pod whose trainer has exited is finished unless a sidecar in it still
+runs, though kubelet reports its phase as Running until it has torn the pod down, seconds later.
+``None`` deletes nothing: after a failure the surviving ranks stay up, to be inspected (py-spy, exec).
+A job that ran past its deadline loses its running pods whatever the policy: the deadline is a limit
+on resources.
 """
 
 from __future__ import annotations
@@ -20,6 +22,6 @@ def pods_to_delete(policy: CleanPodPolicy, pods: Iterable[PodView], *, deadline_
         if pod.terminating:
             continue
         stop_running = policy is CleanPodPolicy.RUNNING or deadline_exceeded
-        if policy is CleanPodPolicy.ALL or (stop_running and not pod.terminated):
+        if policy is CleanPodPolicy.ALL or (stop_running and not pod.finished):
             chosen.append(pod.name)
     return chosen
