@@ -2,8 +2,8 @@
 
 Each run restarts parts of the session's box (kubelet, kube-apiserver, etcd) and kills the operator
 and ranks; the box comes back whole after each, as the soak's invariants check. The runs go one
-after the other here: side by side on 2 cores (``make soak``), about 1 run in 40 met a NoProgress
-restart that no fault caused, which is not fixed yet (docs/benchmarks.md#chaos-soak).
+after the other here; ``make soak`` runs 4 side by side, so that box faults land on every job alive
+(its results: docs/benchmarks.md#chaos-soak).
 """
 
 from __future__ import annotations
