@@ -46,6 +46,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
 from ddpjob_box import images
+from ddpjob_contract.status import Reason
 
 NAME = "chaos"
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
@@ -266,6 +267,18 @@ def restarted_or_over(stack: Stack, name: str, attempt: int) -> Callable[[], dic
     return probe
 
 
+def too_late(fault: str, ended: dict[str, Any]) -> str:
+    """Why a fault that costs a restart did not, in a job that Succeeded in the same attempt ("" if nothing
+    explains it, and the restart count flags it). The final step is still checked either way."""
+    succeeded: dict[str, Any] = next((c for c in ended.get("conditions") or [] if c.get("type") == "Succeeded"), {})
+    if fault == "delete-pod" and succeeded.get("reason") == Reason.ALL_SUCCEEDED:
+        return "every rank had exited 0, and the pod of one was deleted after"
+    if fault == "hang-rank" and succeeded.get("reason") == Reason.STUCK_EXITING:
+        # A peer exited 0 after the last barrier: the training was done, and the stopped rank was exiting.
+        return f"the job Succeeded with the stopped rank stuck exiting ({succeeded.get('message')})"
+    return ""  # a killed rank cannot exit 0; a stopped one that is not named stuck exiting should restart
+
+
 class NotInjected(Exception):
     """The fault found nothing to act on (the rank's process had just gone): the run goes on without it."""
 
@@ -397,12 +410,9 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
             if fault in RESTARTING:
                 after = wait("the restart", restarted_or_over(stack, name, int(attempt["attempt"])), 120)
                 same = int(after.get("attempt", 0)) == int(attempt["attempt"])
-                if fault == "delete-pod" and same and after.get("phase") == "Succeeded":
-                    # Every rank of that attempt exited 0: the pod was deleted after its rank had finished (the
-                    # final step is still checked below). A killed or stopped rank cannot exit 0: for those,
-                    # no restart is a violation (the restart count below).
+                if same and after.get("phase") == "Succeeded" and too_late(fault, after):
                     result.skipped.append(fault)
-                    said(f"{fault} came too late: every rank had finished, and the job Succeeded")
+                    said(f"{fault} came too late: {too_late(fault, after)}")
         final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
                      300 + 60 * len(faults))  # fmt: skip
         said(f"{final['phase']}")

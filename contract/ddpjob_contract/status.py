@@ -43,6 +43,7 @@ class Reason(StrEnum):
     RENDEZVOUS = "Rendezvous"
     ALL_RUNNING = "AllRanksRunning"
     ALL_SUCCEEDED = "AllRanksSucceeded"
+    STUCK_EXITING = "RanksStuckExiting"
     RETRYABLE = "RetryableFailure"
     NON_RETRYABLE = "NonRetryableFailure"
     BACKOFF = "BackoffLimitExceeded"

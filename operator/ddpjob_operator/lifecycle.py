@@ -21,7 +21,17 @@ from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import exit_messages, progress
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
-from ddpjob_operator.policies import cleanup, deadline, gang, progress_deadline, restart, straggler, suspend, ttl
+from ddpjob_operator.policies import (
+    cleanup,
+    deadline,
+    exit_grace,
+    gang,
+    progress_deadline,
+    restart,
+    straggler,
+    suspend,
+    ttl,
+)
 from ddpjob_operator.progress import ProgressStatus, Scrape, Straggler, Summary, Target
 from ddpjob_operator.status import (
     JobStatus,
@@ -87,8 +97,11 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
     rp = job.spec.run_policy
     status = _final_progress(job, status, obs)
     failed = status.condition(ConditionType.FAILED)
-    by_deadline = bool(failed and failed.status and failed.reason == Reason.DEADLINE)
-    keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), deadline_exceeded=by_deadline)
+    succeeded = status.condition(ConditionType.SUCCEEDED)
+    stop_running = bool(failed and failed.status and failed.reason == Reason.DEADLINE) or bool(
+        succeeded and succeeded.status and succeeded.reason == Reason.STUCK_EXITING
+    )
+    keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), stop_running=stop_running)
     deletes = _deletable([*obs.stale, *(p for p in obs.current.values() if p.name in keep)])
     left = ttl.seconds_left(status.completion_time, rp.ttl_seconds_after_finished, now)
     expired = ttl.expired(status.completion_time, rp.ttl_seconds_after_finished, now)
@@ -213,6 +226,7 @@ def _plan_for(
     launched = status.launched_attempt >= status.attempt
     creates = obs.missing if not launched and not obs.stale else ()  # names are per rank: old pods go first
     left = deadline.seconds_left(status.start_time, spec.run_policy.active_deadline_seconds, now)
+    exiting = _exit_grace_left(job, status, obs, now)
     return Plan(
         status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
@@ -221,7 +235,7 @@ def _plan_for(
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),
         events=events,
-        requeue_after=_min(left, RESYNC_SECONDS),
+        requeue_after=_min(left, exiting, RESYNC_SECONDS),
         poll=poll_targets(job, obs, _silent(status)) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
@@ -276,14 +290,50 @@ def _failures(v: View) -> Transition | None:
     return Finish(False, Reason.NON_RETRYABLE, f"{cause}: not retryable under restartPolicy {rp.restart_policy.value}")
 
 
+def _exiting(job: Job, status: JobStatus, obs: Observation) -> bool:
+    """A rank of the attempt has exited 0 and others have not yet: the gang is leaving (policies.exit_grace)."""
+    return (
+        status.phase in (Phase.RUNNING, Phase.RENDEZVOUS)
+        and bool(obs.succeeded)
+        and not obs.all_succeeded(job.spec.replicas)
+    )
+
+
+def _exit_grace_left(job: Job, status: JobStatus, obs: Observation, now: datetime) -> float | None:
+    if not _exiting(job, status, obs):
+        return None
+    left = exit_grace.seconds_left(job.spec.progress_deadline_seconds, exit_grace.first_exit(obs.current.values()), now)
+    return None if left is None else max(left, 1.0)
+
+
+def _stuck_exiting(v: View) -> Transition | None:
+    """Ranks that have not exited within spec.progressDeadlineSeconds of a peer's exit 0: the training is done
+    (that peer passed the last barrier), so the job has Succeeded, and the stuck ranks are stopped."""
+    if not _exiting(v.job, v.status, v.obs):
+        return None
+    limit = v.job.spec.progress_deadline_seconds
+    first = exit_grace.first_exit(v.obs.current.values())
+    if not exit_grace.overdue(limit, first, v.now):
+        return None
+    done = [r for r, p in sorted(v.obs.current.items()) if p.succeeded]
+    stuck = [f"rank {r} (pod {p.name})" for r, p in sorted(v.obs.current.items()) if not p.succeeded]
+    exited = ", ".join(f"rank {r}" for r in done)
+    return Finish(
+        True,
+        Reason.STUCK_EXITING,
+        f"{exited} exited 0, so every rank finished training; not exited {limit}s after that "
+        f"(spec.progressDeadlineSeconds={limit}), so stopped: {', '.join(stuck)}",
+    )
+
+
 def _no_progress(v: View) -> Transition | None:
     """spec.progressDeadlineSeconds, judged by the newest polls: restarted like a failure."""
     if v.fold is None or v.status.phase is not Phase.RUNNING:
         return None
     if v.obs.succeeded:
-        # A rank that exited 0 passed the last collective, so every rank has finished training and the rest
-        # are exiting: their exits decide, as kubelet reports them (late, while it or the apiserver restarts,
-        # after it tore their pods down: their polls then time out like a hung rank's).
+        # A rank that exited 0 passed the last barrier, so every rank has finished training and the rest are
+        # exiting, not hung (kubelet reports their exits late while it or the apiserver restarts, after it tore
+        # their pods down, and their polls then time out like a hung rank's): _stuck_exiting bounds the wait.
         return None
     stuck = _stuck(v.job, v.status, v.fold.summary)
     if not stuck:
@@ -376,7 +426,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _gang_unavailable, _suspension, _deadline, _spec_changed, _failures, _no_progress, _succeeded,
+    _refused, _gang_unavailable, _suspension, _deadline, _spec_changed, _failures, _stuck_exiting, _no_progress,
+    _succeeded,
     _cannot_start, _phase, _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.chaos import Overlaps, Run, log_excerpt, summary
+from bench.chaos import Overlaps, Run, log_excerpt, summary, too_late
 
 
 def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
@@ -47,3 +47,14 @@ def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it
     assert head.splitlines() == ["chaos/chaos-1-24: line 0", "chaos/chaos-1-24: line 1", "chaos/chaos-1-24: line 2",
                                  "pod chaos-1-24-0 gone"]  # fmt: skip
     assert tail == ("\n" + filler)[-100:]
+
+
+def test_a_restarting_fault_counts_as_too_late_only_when_the_jobs_success_explains_it() -> None:
+    def ended(reason: str) -> dict[str, object]:
+        return {"phase": "Succeeded", "conditions": [{"type": "Succeeded", "reason": reason, "message": "m"}]}
+
+    assert too_late("delete-pod", ended("AllRanksSucceeded"))
+    assert too_late("hang-rank", ended("RanksStuckExiting"))
+    assert not too_late("hang-rank", ended("AllRanksSucceeded")), "a stopped rank cannot exit 0"
+    assert not too_late("kill-rank", ended("RanksStuckExiting")), "a killed rank fails: that restarts"
+    assert not too_late("delete-pod", ended("RanksStuckExiting")), "a deleted rank fails: that restarts"

@@ -13,6 +13,7 @@ from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
 from ddpjob_operator.progress import REFUSED, WINDOW_SECONDS, RankSample, Scrape
 from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
+from ddpjob_operator.times import from_time
 
 from .factories import job, pod
 
@@ -571,13 +572,46 @@ def test_a_rank_whose_peer_exited_0_is_finishing_not_hung_and_its_pods_exit_deci
     # the apiserver were restarting, and kubelet had torn its pod down: its polls timed out for 20 s.
     c = running(2, progressDeadlineSeconds=30)
     train(c, 5, 10)
-    c.set(0, phase="Succeeded", exit_code=0)
+    c.set(0, phase="Succeeded", exit_code=0, finished_at=from_time(c.now))
     del c.metrics[1]
-    train(c, 40, 0)
+    train(c, 25, 0)
     assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
-    c.set(1, phase="Succeeded", exit_code=0)
+    assert c.last.requeue_after is not None and c.last.requeue_after <= 5, "woken when the wait for rank 1 is up"
+    c.set(1, phase="Succeeded", exit_code=0, finished_at=from_time(c.now))
     c.settle()
     assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
+    assert c.condition("Succeeded")[:2] == (True, "AllRanksSucceeded")
+
+
+@pytest.mark.parametrize("hung", [True, False])
+def test_a_rank_stuck_exiting_after_its_peer_exited_0_is_stopped_and_the_job_succeeds_unrestarted(hung: bool) -> None:
+    # The chaos soak (run 1:0): rank 0 was SIGSTOPped after the last barrier, which rank 1 passed and exited 0.
+    # Training was done; a restart would redo nothing, and a teardown that hangs every time (NCCL's can) would
+    # fail the job after backoffLimit restarts.
+    c = running(2, progressDeadlineSeconds=30, runPolicy={"cleanPodPolicy": "None"})
+    train(c, 5, 10)
+    c.set(1, phase="Succeeded", exit_code=0, finished_at=from_time(c.now))
+    if hung:
+        del c.metrics[0]  # SIGSTOPped: it answers no more
+    train(c, 29, 0)
+    assert c.status.phase is Phase.RUNNING
+    train(c, 2, 0)
+    assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
+    ok, reason, message = c.condition("Succeeded")
+    assert (ok, reason) == (True, "RanksStuckExiting")
+    assert message == (
+        "rank 1 exited 0, so every rank finished training; not exited 30s after that "
+        "(spec.progressDeadlineSeconds=30), so stopped: rank 0 (pod train-0)"
+    )
+    assert [p.name for p in c.last.delete_pods] == ["train-0"], "stopped whatever cleanPodPolicy says"
+
+
+def test_without_a_progress_deadline_the_ranks_left_after_an_exit_0_are_waited_for() -> None:
+    c = running(2)
+    train(c, 5, 10)
+    c.set(1, phase="Succeeded", exit_code=0, finished_at=from_time(c.now))
+    train(c, 3600, 0)
+    assert c.status.phase is Phase.RUNNING and c.last.delete_pods == ()
 
 
 def test_no_progress_counts_against_the_backoff_limit() -> None:

@@ -25,7 +25,7 @@ PODS = [
         (CleanPodPolicy.ALL, False, ["running", "pending", "done", "failed", "sidecar-left", "exiting"]),
         (CleanPodPolicy.RUNNING, False, ["running", "pending", "sidecar-left"]),
         (CleanPodPolicy.NONE, False, []),
-        # past the deadline, nothing keeps running whatever the policy
+        # past the deadline (or stuck exiting), nothing keeps running whatever the policy
         (CleanPodPolicy.NONE, True, ["running", "pending", "sidecar-left"]),
         (CleanPodPolicy.RUNNING, True, ["running", "pending", "sidecar-left"]),
         (CleanPodPolicy.ALL, True, ["running", "pending", "done", "failed", "sidecar-left", "exiting"]),
@@ -34,4 +34,4 @@ PODS = [
 def test_clean_pod_policy_chooses_the_pods_to_delete(
     policy: CleanPodPolicy, deadline: bool, deleted: list[str]
 ) -> None:
-    assert pods_to_delete(policy, PODS, deadline_exceeded=deadline) == deleted
+    assert pods_to_delete(policy, PODS, stop_running=deadline) == deleted
