@@ -50,25 +50,25 @@ def _number(value: object) -> float | None:
 def final_progress(
     old: ProgressStatus, pods: Mapping[int, PodView], nproc_per_node: int, at: datetime | None
 ) -> ProgressStatus | None:
-    """The run's final figures from every pod's exit summary; None unless every pod left one.
+    """The run's final figures from the exit summaries of the pods that exited 0; None unless each of them
+    left one. Those are every pod, or, in a job whose other ranks were stuck exiting, the ones that exited.
 
-    A pod's summary speaks for each of its ``nproc_per_node`` processes (they train in lockstep),
-    so the job's samples per second is the sum over pods times ``nproc_per_node``.
+    A pod's summary speaks for each of its ``nproc_per_node`` processes, and the ranks train in lockstep,
+    so the job's samples per second is the mean over those pods times every process of the job.
     """
-    summaries = {rank: parse(pod.message) for rank, pod in pods.items()}
+    summaries = {rank: parse(pod.message) for rank, pod in pods.items() if pod.succeeded}
     found = {rank: s for rank, s in summaries.items() if s is not None}
     if not found or len(found) < len(summaries):
         return None
     rates = [s.samples_per_second for s in found.values()]
     times = [s.step_seconds for s in found.values() if s.step_seconds is not None]
     step_time = sum(times) / len(times) if times else None
+    mean_rate = sum(r for r in rates if r is not None) / len(rates)
     return replace(
         old,
         final=True,
         step=max(s.step for s in found.values()),
-        samples_per_second=round(sum(r for r in rates if r is not None) * nproc_per_node, 1)
-        if None not in rates
-        else None,
+        samples_per_second=round(mean_rate * len(pods) * nproc_per_node, 1) if None not in rates else None,
         step_time_p50=round(step_time, 4) if step_time is not None else None,
         window_seconds=None,
         observed_time=at or old.observed_time,

@@ -606,6 +606,18 @@ def test_a_rank_stuck_exiting_after_its_peer_exited_0_is_stopped_and_the_job_suc
     assert [p.name for p in c.last.delete_pods] == ["train-0"], "stopped whatever cleanPodPolicy says"
 
 
+def test_a_job_whose_ranks_were_stuck_exiting_shows_the_final_figures_of_those_that_exited() -> None:
+    c = running(2, progressDeadlineSeconds=30)
+    c.metrics = {0: RankSample(ready=True, step=104.0), 1: RankSample(ready=True, step=104.0)}
+    c.poll()
+    c.set(1, phase="Succeeded", exit_code=0, finished_at=from_time(c.now), message=summary(120, 860.0, 0.0186))
+    del c.metrics[0]
+    train(c, 31, 0)
+    final = c.status.progress
+    assert c.condition("Succeeded")[:2] == (True, "RanksStuckExiting") and final is not None
+    assert (final.final, final.step, final.samples_per_second) == (True, 120, 1720.0), "rank 0 trained in lockstep"
+
+
 def test_without_a_progress_deadline_the_ranks_left_after_an_exit_0_are_waited_for() -> None:
     c = running(2)
     train(c, 5, 10)
