@@ -566,8 +566,19 @@ def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
         # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
         # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
         return ""
+    waited = limit
+    if summary.ranks and all(r.error for r in summary.ranks) and limit is not None:
+        # Every rank went quiet at once. A rank blocked in a collective behind a hung peer still answers (its
+        # metrics are served by a thread of their own), so a gang that is all quiet is most likely gone: ranks
+        # that exited, in pods kubelet tore down before it could say so (late while it or the apiserver
+        # restarts). Their exits decide; a gang truly wedged as a whole (every process stopped, or stuck
+        # holding the GIL) restarts one deadline later.
+        waited = 2 * limit
+        if not progress_deadline.exceeded(waited, running_since=running_since, last_progress=last, observed=summary.at):
+            return ""
     step = prog.step if prog and prog.step is not None else 0
-    why = f"no rank advanced its step for {limit}s (spec.progressDeadlineSeconds={limit}); stuck at step {step}"
+    twice = ", twice over: every rank went quiet" if waited != limit else ""
+    why = f"no rank advanced its step for {waited}s (spec.progressDeadlineSeconds={limit}{twice}); stuck at step {step}"
     silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'}: {r.error})" for r in summary.ranks if r.error]
     return why + (f"; not answering: {', '.join(silent)}" if silent else "")
 

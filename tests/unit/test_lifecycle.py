@@ -626,6 +626,35 @@ def test_without_a_progress_deadline_the_ranks_left_after_an_exit_0_are_waited_f
     assert c.status.phase is Phase.RUNNING and c.last.delete_pods == ()
 
 
+def test_a_gang_that_goes_quiet_as_a_whole_is_given_a_second_deadline_before_it_restarts() -> None:
+    # The chaos soak (run 1:23): both ranks finished while kubelet and the apiserver restarted; kubelet tore
+    # their pods down before it could report the exits, and every poll timed out. A rank behind a hung peer
+    # still answers, so an all-quiet gang is most likely gone, and its exits decide.
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    c.metrics.clear()
+    train(c, 40, 0)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+    c.set_all(phase="Succeeded", exit_code=0, finished_at=from_time(c.now))
+    c.settle()
+    assert c.condition("Succeeded")[:2] == (True, "AllRanksSucceeded") and c.status.restarts == 0
+
+
+def test_a_gang_wedged_as_a_whole_restarts_after_the_second_deadline() -> None:
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    c.metrics.clear()  # every process stopped, or stuck holding the GIL: none serves its metrics
+    train(c, 50, 0)
+    assert c.status.phase is Phase.RUNNING
+    train(c, 15, 0)
+    assert c.status.phase is Phase.RESTARTING and c.status.restarts == 1
+    message = c.condition("Restarting")[2]
+    assert message.startswith(
+        "no rank advanced its step for 60s (spec.progressDeadlineSeconds=30, twice over: every rank went quiet); "
+        "stuck at step 10; not answering: rank 0 (pod train-0"
+    ), message
+
+
 def test_no_progress_counts_against_the_backoff_limit() -> None:
     c = running(2, progressDeadlineSeconds=30, runPolicy={"backoffLimit": 0})
     train(c, 40, 0)
