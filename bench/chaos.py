@@ -410,9 +410,10 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
             if fault in RESTARTING:
                 after = wait("the restart", restarted_or_over(stack, name, int(attempt["attempt"])), 120)
                 same = int(after.get("attempt", 0)) == int(attempt["attempt"])
-                if same and after.get("phase") == "Succeeded" and too_late(fault, after):
+                late = too_late(fault, after) if same and after.get("phase") == "Succeeded" else ""
+                if late:
                     result.skipped.append(fault)
-                    said(f"{fault} came too late: {too_late(fault, after)}")
+                    said(f"{fault} came too late: {late}")
         final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
                      300 + 60 * len(faults))  # fmt: skip
         said(f"{final['phase']}")

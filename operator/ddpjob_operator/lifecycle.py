@@ -226,7 +226,7 @@ def _plan_for(
     launched = status.launched_attempt >= status.attempt
     creates = obs.missing if not launched and not obs.stale else ()  # names are per rank: old pods go first
     left = deadline.seconds_left(status.start_time, spec.run_policy.active_deadline_seconds, now)
-    exiting = _exit_grace_left(job, status, obs, now)
+    exiting = _exit_grace_left(job, status, obs, now)  # woken when it is up (never in the past)
     return Plan(
         status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
@@ -235,7 +235,7 @@ def _plan_for(
         create_ranks=creates,
         delete_pods=_deletable(obs.stale),
         events=events,
-        requeue_after=_min(left, exiting, RESYNC_SECONDS),
+        requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), RESYNC_SECONDS),
         poll=poll_targets(job, obs, _silent(status)) if status.phase is not Phase.RESTARTING else (),
         poll_interval=_poll_interval(job, status.phase),
     )
@@ -300,21 +300,19 @@ def _exiting(job: Job, status: JobStatus, obs: Observation) -> bool:
 
 
 def _exit_grace_left(job: Job, status: JobStatus, obs: Observation, now: datetime) -> float | None:
+    """What is left of the exiting ranks' wait (policies.exit_grace); None when there is none to bound."""
     if not _exiting(job, status, obs):
         return None
-    left = exit_grace.seconds_left(job.spec.progress_deadline_seconds, exit_grace.first_exit(obs.current.values()), now)
-    return None if left is None else max(left, 1.0)
+    return exit_grace.seconds_left(job.spec.progress_deadline_seconds, exit_grace.first_exit(obs.current.values()), now)
 
 
 def _stuck_exiting(v: View) -> Transition | None:
     """Ranks that have not exited within spec.progressDeadlineSeconds of a peer's exit 0: the training is done
     (that peer passed the last barrier), so the job has Succeeded, and the stuck ranks are stopped."""
-    if not _exiting(v.job, v.status, v.obs):
+    left = _exit_grace_left(v.job, v.status, v.obs, v.now)
+    if left is None or left > 0:
         return None
     limit = v.job.spec.progress_deadline_seconds
-    first = exit_grace.first_exit(v.obs.current.values())
-    if not exit_grace.overdue(limit, first, v.now):
-        return None
     done = [r for r, p in sorted(v.obs.current.items()) if p.succeeded]
     stuck = [f"rank {r} (pod {p.name})" for r, p in sorted(v.obs.current.items()) if not p.succeeded]
     exited = ", ".join(f"rank {r}" for r in done)
@@ -560,22 +558,19 @@ def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
     running_since = running.last_transition_time if running and running.status else None
     last = prog.last_progress_time if prog else None
     limit = job.spec.progress_deadline_seconds
-    if not progress_deadline.exceeded(limit, running_since=running_since, last_progress=last, observed=summary.at):
+    # Every rank went quiet at once: a rank blocked in a collective behind a hung peer still answers (its
+    # metrics are served by a thread of their own), so a gang that is all quiet is most likely gone: ranks
+    # that exited, in pods kubelet tore down before it could say so (late while it or the apiserver
+    # restarts). Their exits decide; a gang truly wedged as a whole (every process stopped, or stuck holding
+    # the GIL) restarts one deadline later.
+    quiet = bool(summary.ranks) and all(r.error for r in summary.ranks)
+    waited = 2 * limit if quiet and limit is not None else limit
+    if not progress_deadline.exceeded(waited, running_since=running_since, last_progress=last, observed=summary.at):
         return ""
     if any(r.error == progress.REFUSED for r in summary.ranks):
         # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
         # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
         return ""
-    waited = limit
-    if summary.ranks and all(r.error for r in summary.ranks) and limit is not None:
-        # Every rank went quiet at once. A rank blocked in a collective behind a hung peer still answers (its
-        # metrics are served by a thread of their own), so a gang that is all quiet is most likely gone: ranks
-        # that exited, in pods kubelet tore down before it could say so (late while it or the apiserver
-        # restarts). Their exits decide; a gang truly wedged as a whole (every process stopped, or stuck
-        # holding the GIL) restarts one deadline later.
-        waited = 2 * limit
-        if not progress_deadline.exceeded(waited, running_since=running_since, last_progress=last, observed=summary.at):
-            return ""
     step = prog.step if prog and prog.step is not None else 0
     twice = ", twice over: every rank went quiet" if waited != limit else ""
     why = f"no rank advanced its step for {waited}s (spec.progressDeadlineSeconds={limit}{twice}); stuck at step {step}"

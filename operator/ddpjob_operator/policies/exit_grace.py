@@ -28,8 +28,3 @@ def first_exit(pods: Iterable[PodView]) -> datetime | None:
 def seconds_left(deadline_seconds: int | None, first: datetime | None, now: datetime) -> float | None:
     """None without a deadline or before any rank has exited 0; <= 0 once the others are overdue."""
     return times.seconds_left(first, deadline_seconds, now)
-
-
-def overdue(deadline_seconds: int | None, first: datetime | None, now: datetime) -> bool:
-    left = seconds_left(deadline_seconds, first, now)
-    return left is not None and left <= 0
