@@ -34,7 +34,7 @@ from ddpjob_contract.pods import (
     MANAGED_BY,
     POD_GROUP_API,
 )
-from ddpjob_operator import api
+from ddpjob_operator import api, wait_for_master
 from ddpjob_operator.api import Job
 
 
@@ -142,48 +142,6 @@ def injected_env(job: Job, rank: int, attempt: int) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-# POSIX sh; uses whichever resolver the trainer image has, and skips the wait when it has none.
-WAIT_SCRIPT = """\
-deadline=$(( $(date +%s) + {seconds} ))
-while :; do
-  if command -v getent >/dev/null 2>&1; then getent hosts "$MASTER_ADDR" >/dev/null 2>&1 && exit 0
-  elif command -v python3 >/dev/null 2>&1; then
-    python3 -c 'import os, socket; socket.getaddrinfo(os.environ["MASTER_ADDR"], None)' >/dev/null 2>&1 && exit 0
-  elif command -v nslookup >/dev/null 2>&1; then nslookup "$MASTER_ADDR" >/dev/null 2>&1 && exit 0
-  else echo "ddpjob: no getent, python3 or nslookup in the image; not waiting for $MASTER_ADDR"; exit 0
-  fi
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "ddpjob: $MASTER_ADDR did not resolve within {seconds}s (spec.waitForMasterSeconds)" >&2; exit 1
-  fi
-  sleep 1
-done
-"""
-
-
-def wait_for_master(job: Job, trainer: dict[str, Any]) -> dict[str, Any]:
-    """An init container that holds the rank until `<job>-0.<job>` resolves.
-
-    It runs the trainer's own image (already pulled: no extra image, no registry) with the
-    trainer's security context and CPU/memory, so it fits the same quotas and policies.
-    """
-    resources = trainer.get("resources") or {}
-    small = {
-        section: {k: v for k, v in (resources.get(section) or {}).items() if k in ("cpu", "memory")}
-        for section in ("requests", "limits")
-    }
-    container: dict[str, Any] = {
-        "name": api.WAIT_CONTAINER,
-        "image": trainer["image"],
-        "command": ["sh", "-c", WAIT_SCRIPT.format(seconds=job.spec.wait_for_master_seconds)],
-        "env": [{"name": ENV_MASTER_ADDR, "value": master_addr(job.name)}],
-        "resources": {k: v for k, v in small.items() if v},
-    }
-    for key in ("imagePullPolicy", "securityContext"):
-        if key in trainer:
-            container[key] = copy.deepcopy(trainer[key])
-    return container
-
-
 METRICS_PORT_NAME = "metrics"
 RENDEZVOUS_PORT_NAME = "rendezvous"
 
@@ -249,7 +207,8 @@ def pod(job: Job, rank: int, attempt: int, *, gang: bool) -> dict[str, Any]:
         mount = {"name": api.CHECKPOINT_VOLUME, "mountPath": checkpoint.mount_path}
         trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), mount]
     if job.spec.wait_for_master_seconds > 0:
-        spec["initContainers"] = [wait_for_master(job, trainer), *(spec.get("initContainers") or [])]
+        wait = wait_for_master.container(job, trainer, rank, master=master_addr(job.name))
+        spec["initContainers"] = [wait, *(spec.get("initContainers") or [])]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

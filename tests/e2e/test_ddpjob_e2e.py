@@ -16,6 +16,7 @@ import yaml
 
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
+from tests.conftest import Cluster
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
 from tests.e2e.kube import Jobs, summary_samples_per_second, wait_for
@@ -147,6 +148,51 @@ def test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_
 
 def _exists(jobs: Jobs, pod: str) -> bool:
     return pod in [p.metadata.name for p in jobs.core.list_namespaced_pod(jobs.ns).items]
+
+
+def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_0(
+    jobs: Jobs, namespace: str, node: KubeletNode, cluster: Cluster
+) -> None:
+    """Soak run 1:64: pod names are reused across attempts, so until the EndpointSlice controller catches up,
+    `<job>-0.<job>` still resolves to the previous attempt's rank 0, where nothing answers, and a rendezvous
+    there times out. With the controller-manager stopped, cluster DNS keeps the old addresses for as long as
+    this test likes: every rank must hold in its init container, saying why, and the job must still succeed
+    with the one restart it had."""
+    assert cluster.box is not None and cluster.box.plane is not None
+    manager = next(c for c in cluster.box.plane.components if c.name == "kube-controller-manager")
+    args = ["--steps", "200", "--slow-rank", "0", "--slow-seconds", "0.05", "--pg-timeout-seconds", "60"]
+    jobs.create(cpu_job("stale", args=args))
+    jobs.wait_running("stale", 180)
+    manager.stop()
+    try:
+        jobs.core.delete_namespaced_pod("stale-1", namespace)
+
+        def waiting_pods() -> list[Any] | None:
+            pods = [jobs.pod(f"stale-{rank}") if _exists(jobs, f"stale-{rank}") else None for rank in range(2)]
+            if any(p is None or p.metadata.labels["ddpjob.dev/attempt"] != "1" for p in pods):
+                return None
+            return pods if all(_waits(p) for p in pods) else None
+
+        wait_for("attempt 1's ranks in their wait-for-master containers", waiting_pods, 180, interval=1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # long enough for a trainer let through to start its rendezvous
+            for rank in range(2):
+                pod = jobs.pod(f"stale-{rank}")
+                assert _waits(pod), f"stale-{rank} went on while DNS named the old rank 0: {pod.status}"
+            time.sleep(1)
+        said = {rank: jobs.log(f"stale-{rank}", container="ddpjob-wait-for-master") for rank in range(2)}
+        assert "not to this pod" in said[0] and "DNS still has an old rank 0" in said[0], said[0]
+        assert "does not answer on port 29500" in said[1], said[1]
+    finally:
+        manager.start()
+    status = jobs.wait_phase("stale", "Succeeded", 300)
+    assert status["restarts"] == 1, status
+
+
+def _waits(pod: Any) -> bool:
+    """The pod's wait-for-master init container runs, so its trainer has not started."""
+    statuses = pod.status.init_container_statuses or []
+    return any(s.name == "ddpjob-wait-for-master" and s.state.running for s in statuses)
 
 
 def test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s(jobs: Jobs, node: KubeletNode) -> None:

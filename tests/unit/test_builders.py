@@ -157,8 +157,8 @@ def test_each_rank_waits_for_the_master_name_in_the_trainer_image_with_its_const
     assert (wait["image"], wait["imagePullPolicy"]) == ("reg/trainer:7", "IfNotPresent")
     assert wait["securityContext"] == {"runAsNonRoot": True}
     assert wait["resources"] == {"limits": {"cpu": "2", "memory": "1Gi"}}, "no GPU for a DNS lookup"
-    assert wait["env"] == [{"name": "MASTER_ADDR", "value": "train-0.train"}]
-    assert "42" in wait["command"][-1]
+    assert {"name": "MASTER_ADDR", "value": "train-0.train"} in wait["env"]
+    assert {"name": "DDPJOB_WAIT_SECONDS", "value": "42"} in wait["env"]
 
 
 def test_waiting_for_the_master_can_be_turned_off() -> None:
