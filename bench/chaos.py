@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
-from ddpjob_box import images
+from ddpjob_box import audit, images
 from ddpjob_contract.status import Reason
 
 NAME = "chaos"
@@ -74,6 +74,8 @@ class Run:
     timeline: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     operator_log: str = ""
+    pod_deletions: list[str] = field(default_factory=list)
+    """On a violation, every deletion of this job's pods the apiserver answered: when, who, which."""
     alongside: list[int] = field(default_factory=list)
     """The runs of the same seed that went on at some moment of this one."""
 
@@ -446,6 +448,7 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
         result.violations.append("the operator logged a traceback")
     if result.violations:
         result.operator_log = log_excerpt(operator_log, name)
+        result.pod_deletions = audit.pod_deletions(stack.box.plane.audit_log, stack.namespace, f"{name}-")
     result.seconds = round(time.monotonic() - started, 1)
     return result
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from ddpjob_box import toolchain
+from ddpjob_box import audit, toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.pki import make_pki
 from ddpjob_box.ports import free_port, require_free
@@ -110,6 +110,11 @@ class ControlPlane:
     @property
     def logs_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """Every pod deletion the apiserver answered (ddpjob_box.audit)."""
+        return audit.log_path(self.logs_dir)
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -218,6 +223,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
+                *audit.apiserver_flags(self.logs_dir),
                 *self._gang_flags(),
                 f"--runtime-config={POD_GROUP_API}={str(self.pod_groups).lower()}",
             ],
