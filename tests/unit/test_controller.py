@@ -392,7 +392,22 @@ def test_a_reconcile_creating_pods_ends_when_the_operator_stops_and_cancels_the_
         return create(obj)
 
     kube.create = slow  # type: ignore[method-assign]
-    pool = ThreadPoolExecutor(1, thread_name_prefix="create")  # one at a time: the other ranks queue
+    queued = threading.Event()
+
+    class Pool(ThreadPoolExecutor):
+        """Says when the reconcile has handed it all four creates: a stop before that would meet a submit
+        (RuntimeError, not the cancel this test is about), as it did once on a loaded machine."""
+
+        submitted = 0
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(fn, *args, **kwargs)
+            Pool.submitted += 1
+            if Pool.submitted == 4:
+                queued.set()
+            return future
+
+    pool = Pool(1, thread_name_prefix="create")  # one at a time: the other ranks queue
     ctl = controller(kube, pool)
     ctl.bodies.put(KEY, kube.job)
     failed: list[BaseException] = []
@@ -406,6 +421,7 @@ def test_a_reconcile_creating_pods_ends_when_the_operator_stops_and_cancels_the_
     worker = threading.Thread(target=reconcile, daemon=True)
     worker.start()
     assert started.wait(10), "the first create began"
+    assert queued.wait(10), "the reconcile queued the other ranks' creates"
     pool.shutdown(wait=False, cancel_futures=True)  # what Runtime.stop does
     release.set()
     worker.join(10)
