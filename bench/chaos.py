@@ -74,8 +74,9 @@ class Run:
     timeline: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     operator_log: str = ""
-    pod_deletions: list[str] = field(default_factory=list)
-    """On a violation, every deletion of this job's pods the apiserver answered: when, who, which."""
+    removals: list[str] = field(default_factory=list)
+    """On a violation, every deletion of this job's pods, Service and PodGroups, and every change to its
+    PodGroups (a finalizer's removal), that the apiserver answered: when, who, which."""
     alongside: list[int] = field(default_factory=list)
     """The runs of the same seed that went on at some moment of this one."""
 
@@ -356,7 +357,9 @@ def checkpoints_load(stack: Stack, claim: str) -> list[str]:
     return bad
 
 
-def children_gone(stack: Stack, name: str) -> bool:
+def children_left(stack: Stack, name: str) -> list[str]:
+    """The job's pods, Service and PodGroups that still exist, each with what holds it (a deletion under way,
+    a finalizer)."""
     selector = f"ddpjob.dev/job-name={name}"
     pods = stack.call(stack.core.list_namespaced_pod, stack.namespace, label_selector=selector).items
     services = stack.call(stack.core.list_namespaced_service, stack.namespace, label_selector=selector).items
@@ -364,7 +367,20 @@ def children_gone(stack: Stack, name: str) -> bool:
         stack.custom.list_namespaced_custom_object,
         "scheduling.k8s.io", "v1beta1", stack.namespace, "podgroups", label_selector=selector,
     )["items"]  # fmt: skip
-    return not (pods or services or groups)
+    left = [held("Pod", p.metadata.name, p.metadata.deletion_timestamp, p.metadata.finalizers) for p in pods]
+    left += [held("Service", s.metadata.name, s.metadata.deletion_timestamp, s.metadata.finalizers) for s in services]
+    for group in groups:
+        meta = group["metadata"]
+        left.append(held("PodGroup", meta["name"], meta.get("deletionTimestamp"), meta.get("finalizers")))
+    return left
+
+
+def held(kind: str, name: str, deleting: object, finalizers: list[str] | None) -> str:
+    return (
+        f"{kind} {name}"
+        + (f" (deleting since {deleting})" if deleting else "")
+        + (f" (finalizers {', '.join(finalizers)})" if finalizers else "")
+    )
 
 
 def names(seed: int, index: int) -> tuple[str, str]:
@@ -438,17 +454,23 @@ def one_run(stack: Stack, seed: int, index: int) -> Run:
     events = stack.call(stack.core.list_namespaced_event, stack.namespace, field_selector=f"involvedObject.name={name}")
     result.events = [f"{e.reason}: {e.message}" for e in events.items]
     stack.delete_job(name)
+    left: list[str] = []
+
+    def gone() -> bool:
+        left[:] = children_left(stack, name)
+        return not left
+
     try:
-        wait("the job's pods, Service and PodGroups to go", lambda: children_gone(stack, name), 60)
+        wait("the job's pods, Service and PodGroups to go", gone, 60)
     except TimeoutError as err:
-        result.violations.append(str(err))
+        result.violations.append(f"{err}; left: {'; '.join(left)}")
     stack.delete_claim(claim)
     operator_log = stack.operator_log()[logged:]
     if "Traceback" in operator_log:
         result.violations.append("the operator logged a traceback")
     if result.violations:
         result.operator_log = log_excerpt(operator_log, name)
-        result.pod_deletions = audit.pod_deletions(stack.box.plane.audit_log, stack.namespace, f"{name}-")
+        result.removals = audit.removals(stack.box.plane.audit_log, stack.namespace, name)
     result.seconds = round(time.monotonic() - started, 1)
     return result
 

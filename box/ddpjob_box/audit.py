@@ -1,8 +1,10 @@
-"""The box's apiserver audit log: who deleted which pod, and when.
+"""The box's apiserver audit log: who removed which pod, Service or PodGroup, and when.
 
-Only pod deletions are recorded (at the Metadata level: who, what, when, the answer), so the log stays
-small through a soak of hundreds of jobs. When a rank's pod disappears and no log says why, this says
-whether the operator, kubelet, the garbage collector, the namespace controller or a test deleted it.
+Only removals are recorded (at the Metadata level: who, what, when, the answer): deletions of pods,
+Services and PodGroups, and changes to PodGroups, whose deletion waits for the controller-manager to drop
+their protection finalizer. The log stays small through a soak of hundreds of jobs. When a rank's pod
+disappears, or a child outlives its job, this says whether the operator, kubelet, the garbage collector,
+the namespace controller or a test acted, and when.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
   verbs: [delete, deletecollection]
-  resources: [{group: "", resources: [pods]}]
+  resources: [{group: "", resources: [pods, services]}, {group: scheduling.k8s.io, resources: [podgroups]}]
+- level: Metadata
+  verbs: [update, patch]
+  resources: [{group: scheduling.k8s.io, resources: [podgroups]}]
 - level: None
 """
 
@@ -40,9 +45,10 @@ def log_path(directory: Path) -> Path:
     return directory / "audit.log"
 
 
-def pod_deletions(log: Path, namespace: str, prefix: str) -> list[str]:
-    """One line per deletion of a pod in ``namespace`` whose name starts with ``prefix`` (and per
-    deletecollection of that namespace's pods): when it finished, who asked, which pod, the answer's code."""
+def removals(log: Path, namespace: str, owner: str) -> list[str]:
+    """One line per recorded request on an object in ``namespace`` named ``owner`` or ``owner-...`` (a job's
+    Service, pods and PodGroups), and per deletecollection there: when it finished, who asked, the verb,
+    the object, the answer's code."""
     if not log.exists():
         return []
     lines = []
@@ -52,12 +58,11 @@ def pod_deletions(log: Path, namespace: str, prefix: str) -> list[str]:
         except ValueError:  # a line cut short by a kill
             continue
         ref = event.get("objectRef") or {}
-        if ref.get("resource") != "pods" or ref.get("namespace") != namespace:
+        name = ref.get("name")
+        if ref.get("namespace") != namespace or (name and name != owner and not name.startswith(f"{owner}-")):
             continue
-        pod = ref.get("name") or "(every pod)"
-        if ref.get("name") and not pod.startswith(prefix):
-            continue
+        what = f"{ref.get('resource', '?')}/{name or '*'}"
         user = (event.get("user") or {}).get("username", "?")
         code = (event.get("responseStatus") or {}).get("code", "?")
-        lines.append(f"{event.get('stageTimestamp', '?')} {user} {event.get('verb', '?')} {pod}: {code}")
+        lines.append(f"{event.get('stageTimestamp', '?')} {user} {event.get('verb', '?')} {what}: {code}")
     return lines

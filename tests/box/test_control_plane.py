@@ -149,24 +149,24 @@ def test_the_audit_log_names_who_deleted_each_pod(api_client: Any, cluster: Clus
     core = client.CoreV1Api(api_client)
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
-    for name, refs in (("mine", []), ("owned", [ref])):
+    for name, refs in (("victim-mine", []), ("victim-owned", [ref])):
         spec = {
             "containers": [{"name": "main", "image": "ddpjob/nothing:never"}],
             "nodeSelector": {"ddpjob.dev/no-such-node": "true"},  # never bound, so a delete is immediate
         }
         core.create_namespaced_pod(namespace, {"metadata": {"name": name, "ownerReferences": refs}, "spec": spec})
-    core.delete_namespaced_pod("mine", namespace)
+    core.delete_namespaced_pod("victim-mine", namespace)
     core.delete_namespaced_config_map("owner", namespace)
-
-    def deletions() -> list[str]:
-        return audit.pod_deletions(cluster.box.plane.audit_log, namespace, "")  # type: ignore[union-attr]
+    log = cluster.box.plane.audit_log
 
     def both_seen() -> bool:
-        said = deletions()
-        return any(" delete mine: " in line for line in said) and any(" delete owned: " in line for line in said)
+        said = audit.removals(log, namespace, "victim")
+        return any(" pods/victim-mine: " in line for line in said) and any(
+            " pods/victim-owned: " in line for line in said
+        )
 
-    _wait(both_seen, GC_DISCOVERY_SECONDS + 30, f"both deletions in {cluster.box.plane.audit_log}")
-    said = deletions()
-    assert any(line.endswith("box-admin delete mine: 200") for line in said), said
-    gc = "system:serviceaccount:kube-system:generic-garbage-collector delete owned: 200"
+    _wait(both_seen, GC_DISCOVERY_SECONDS + 30, f"both deletions in {log}")
+    said = audit.removals(log, namespace, "victim")
+    assert any(line.endswith("box-admin delete pods/victim-mine: 200") for line in said), said
+    gc = "system:serviceaccount:kube-system:generic-garbage-collector delete pods/victim-owned: 200"
     assert any(line.endswith(gc) for line in said), said
