@@ -21,8 +21,9 @@ other runs' calls to the apiserver wait until it answers again. Then it checks:
 - once the job is deleted, no pod, Service or PodGroup of it is left after 60 s.
 
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
-timeline, the job's Events and the operator's log tail, the runs that went on beside it, and
-names the command that replays it with them.
+timeline, the job's Events, the operator's log tail, the box's audit lines for the job's pods, Service
+and PodGroups (who removed what, and when), the runs that went on beside it, and names the command that
+replays it with them.
 """
 
 from __future__ import annotations
