@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bench.chaos import Overlaps, Run, log_excerpt, summary, too_late
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench import chaos
+from bench.chaos import Overlaps, Run, held, log_excerpt, summary, too_late, wait_while_whole
 
 
 def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
@@ -58,3 +65,40 @@ def test_a_restarting_fault_counts_as_too_late_only_when_the_jobs_success_explai
     assert not too_late("hang-rank", ended("AllRanksSucceeded")), "a stopped rank cannot exit 0"
     assert not too_late("kill-rank", ended("RanksStuckExiting")), "a killed rank fails: that restarts"
     assert not too_late("delete-pod", ended("RanksStuckExiting")), "a deleted rank fails: that restarts"
+
+
+def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_the_wait() -> None:
+    """Soak 7, run 1:0: the apiserver restarted twice while the deleted job's children were waited for;
+    the garbage collector's time down is not the job's."""
+    stack: Any = SimpleNamespace(whole_since=time.monotonic())
+    started, calls = time.monotonic(), []
+
+    def gone() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            stack.whole_since = time.monotonic() + 0.8  # a restart that ends 0.8 s into the wait
+        return time.monotonic() - started > 1.0  # gone 1 s in: past the 0.5 s, within 0.5 s of the fault's end
+
+    assert wait_while_whole(stack, "the children to go", gone, 0.5)
+    assert len(calls) > 1
+
+
+def test_children_that_never_go_fail_the_run_even_while_faults_keep_coming(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chaos, "GONE_CAP_SECONDS", 1.0)
+    stack: Any = SimpleNamespace(whole_since=time.monotonic())
+
+    def never() -> bool:
+        stack.whole_since = time.monotonic()  # another run's fault, again and again
+        return False
+
+    with pytest.raises(TimeoutError, match="waiting for the children to go"):
+        wait_while_whole(stack, "the children to go", never, 0.5)
+
+
+def test_a_child_left_behind_is_named_with_what_holds_it() -> None:
+    assert held("Pod", "j-0", None, None) == "Pod j-0"
+    finalizer = "scheduling.k8s.io/podgroup-protection"
+    assert (
+        held("PodGroup", "j-attempt-0", "2026-11-25T14:50:15Z", [finalizer])
+        == f"PodGroup j-attempt-0 (deleting since 2026-11-25T14:50:15Z) (finalizers {finalizer})"
+    )
