@@ -259,12 +259,7 @@ LIVE_OR_OVER = ("Running", "Succeeded", "Failed")
 
 def wait(what: str, probe: Callable[[], Any], timeout: float) -> Any:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return wait_until(what, probe, lambda: deadline)
 
 
 def wait_while_whole(stack: Stack, what: str, probe: Callable[[], Any], timeout: float) -> Any:
@@ -272,13 +267,18 @@ def wait_while_whole(stack: Stack, what: str, probe: Callable[[], Any], timeout:
     collector and the controller-manager's other controllers stop while the apiserver or etcd restarts,
     and after it they relist, so their time down is not the job's. At most GONE_CAP_SECONDS in all."""
     started = time.monotonic()
+    return wait_until(what, probe, lambda: min(max(started, stack.whole_since) + timeout, started + GONE_CAP_SECONDS))
+
+
+def wait_until(what: str, probe: Callable[[], Any], deadline: Callable[[], float]) -> Any:
+    """``probe``'s first truthy answer, asked every 0.5 s until the monotonic time passes ``deadline()``."""
+    started = time.monotonic()
     while True:
         found = probe()
         if found:
             return found
-        now = time.monotonic()
-        if now > max(started, stack.whole_since) + timeout or now > started + GONE_CAP_SECONDS:
-            raise TimeoutError(f"timed out after {now - started:.0f}s waiting for {what}")
+        if time.monotonic() > deadline():
+            raise TimeoutError(f"timed out after {time.monotonic() - started:.0f}s waiting for {what}")
         time.sleep(0.5)
 
 

@@ -113,7 +113,7 @@ class ControlPlane:
 
     @property
     def audit_log(self) -> Path:
-        """Every pod deletion the apiserver answered (ddpjob_box.audit)."""
+        """Every removal of a pod, Service or PodGroup the apiserver answered (ddpjob_box.audit)."""
         return audit.log_path(self.logs_dir)
 
     def __enter__(self) -> ControlPlane:
