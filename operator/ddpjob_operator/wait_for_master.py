@@ -26,11 +26,13 @@ ENV_POD_IPS = "DDPJOB_POD_IPS"
 ENV_WAIT_SECONDS = "DDPJOB_WAIT_SECONDS"
 
 # Exits 0 when the master is ready; otherwise prints why not and exits 1. No single quotes: it is passed
-# to `python3 -c '...'`.
-PYTHON_CHECK = """\
+# to `python3 -c '...'`. The env names come first, from the contract, so the check's body needs no braces
+# escaped.
+_NAMES = f'ADDR, PORT, POD_IPS = "{ENV_MASTER_ADDR}", "{ENV_MASTER_PORT}", "{ENV_POD_IPS}"\n'
+_CHECK = """\
 import os, socket, sys
-name, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-own = {ip for ip in os.environ.get("DDPJOB_POD_IPS", "").split(",") if ip}
+name, port = os.environ[ADDR], int(os.environ[PORT])
+own = {ip for ip in os.environ.get(POD_IPS, "").split(",") if ip}
 try:
     addrs = sorted({a[4][0] for a in socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)})
 except OSError as err:
@@ -55,6 +57,7 @@ dead = [a for a in addrs if not answers(a)]
 if dead:
     sys.exit(f"{name} resolves to {dead}, which does not answer on port {port}: DNS still has an old rank 0")
 """
+PYTHON_CHECK = _NAMES + _CHECK
 
 # POSIX sh. python3 (every PyTorch image has it) makes the full check; without it, getent or nslookup
 # only wait for the name to resolve (and getent, in rank 0, for it to resolve to this pod only).
@@ -63,16 +66,17 @@ deadline=$(( $(date +%s) + ${ENV_WAIT_SECONDS} ))
 while :; do
   if command -v python3 >/dev/null 2>&1; then why=$(python3 -c '{PYTHON_CHECK}' 2>&1) && exit 0
   elif command -v getent >/dev/null 2>&1; then
-    addrs=$(getent hosts "$MASTER_ADDR" | awk '{{print $1}}' | sort -u | tr '\\n' ,)
+    addrs=$(getent hosts "${ENV_MASTER_ADDR}" | awk '{{print $1}}' | sort -u | tr '\\n' ,)
     if [ -n "$addrs" ] && {{ [ -z "${ENV_POD_IPS}" ] || [ "$addrs" = "${ENV_POD_IPS}," ]; }}; then exit 0; fi
-    why="$MASTER_ADDR resolves to '$addrs'"
-  elif command -v nslookup >/dev/null 2>&1; then nslookup "$MASTER_ADDR" >/dev/null 2>&1 && exit 0
-    why="$MASTER_ADDR does not resolve"
-  else echo "ddpjob: no python3, getent or nslookup in the image; not waiting for $MASTER_ADDR"; exit 0
+    why="${ENV_MASTER_ADDR} resolves to '$addrs'"
+  elif command -v nslookup >/dev/null 2>&1; then nslookup "${ENV_MASTER_ADDR}" >/dev/null 2>&1 && exit 0
+    why="${ENV_MASTER_ADDR} does not resolve"
+  else echo "ddpjob: no python3, getent or nslookup in the image; not waiting for ${ENV_MASTER_ADDR}"; exit 0
   fi
   if [ "$why" != "$said" ]; then echo "ddpjob: waiting for rank 0: $why"; said=$why; fi
   if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "ddpjob: rank 0 not ready at $MASTER_ADDR within ${ENV_WAIT_SECONDS}s (spec.waitForMasterSeconds): $why" >&2
+    why="rank 0 not ready at ${ENV_MASTER_ADDR} within ${ENV_WAIT_SECONDS}s (spec.waitForMasterSeconds): $why"
+    echo "ddpjob: $why" >&2
     exit 1
   fi
   sleep 1
