@@ -19,6 +19,8 @@ from urllib.parse import urlencode, urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import wait_until
+
 DURATION = "apiserver_request_duration_seconds"
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -85,16 +87,16 @@ class Api:
                 raise
 
     def wait_for(self, check: Callable[[], bool], what: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        """Until ``check()`` is true; an API error counts as not yet."""
+
+        def probe() -> bool:
             try:
-                if check():
-                    return
+                return check()
             except ApiError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.2)
+                return False
+
+        deadline = time.monotonic() + timeout
+        wait_until(what, probe, lambda: deadline, interval=0.2)
 
     def watch(self, path: str, **query: str) -> WatchStream:
         """Watch events (``{"type": ..., "object": ...}``) from ``path``; ``close()`` ends it from any thread."""

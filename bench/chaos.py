@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
+from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, wait_until, write_results
 from ddpjob_box import audit, images
 from ddpjob_contract.status import Reason
 
@@ -268,18 +268,6 @@ def wait_while_whole(stack: Stack, what: str, probe: Callable[[], Any], timeout:
     and after it they relist, so their time down is not the job's. At most GONE_CAP_SECONDS in all."""
     started = time.monotonic()
     return wait_until(what, probe, lambda: min(max(started, stack.whole_since) + timeout, started + GONE_CAP_SECONDS))
-
-
-def wait_until(what: str, probe: Callable[[], Any], deadline: Callable[[], float]) -> Any:
-    """``probe``'s first truthy answer, asked every 0.5 s until the monotonic time passes ``deadline()``."""
-    started = time.monotonic()
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline():
-            raise TimeoutError(f"timed out after {time.monotonic() - started:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def restarted_or_over(stack: Stack, name: str, attempt: int) -> Callable[[], dict[str, Any]]:

@@ -283,6 +283,18 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
+def wait_until(what: str, probe: Callable[[], Any], deadline: Callable[[], float], *, interval: float = 0.5) -> Any:
+    """``probe``'s first truthy answer, asked every ``interval`` s until the monotonic time passes ``deadline()``."""
+    started = time.monotonic()
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline():
+            raise TimeoutError(f"timed out after {time.monotonic() - started:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

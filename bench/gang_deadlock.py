@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.apiserver import Api
-from bench.common import log, machine, table, write_results
+from bench.common import log, machine, table, wait_until, write_results
 from bench.operator_scale import apply_crd
 from ddpjob_box import images
 
@@ -153,10 +153,11 @@ def trial(core: Any, custom: Any, namespace: str, mode: str) -> Trial:
 def _wait_empty(core: Any, namespace: str, timeout: float = 120.0) -> None:
     """Until the trial's pods are gone: the next trial must find all 4 slots free."""
     deadline = time.monotonic() + timeout
-    while core.list_namespaced_pod(namespace).items:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pods of namespace {namespace} still exist {timeout:.0f}s after their jobs went")
-        time.sleep(0.5)
+    wait_until(
+        f"the pods of namespace {namespace} to go after their jobs",
+        lambda: not core.list_namespaced_pod(namespace).items,
+        lambda: deadline,
+    )
 
 
 def summarize(trials: Sequence[Trial]) -> list[list[Any]]:
