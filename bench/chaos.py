@@ -48,6 +48,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, wait_until, write_results
 from ddpjob_box import audit, images
+from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_contract.status import Reason
 
 NAME = "chaos"
@@ -593,7 +594,17 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarte
     heads = ["runs", "at once", "with a violation", "succeeded", "restarts", "time"]
     exits = Counter(line.split(" exited", 1)[0] for line in restarted)
     tail = ", ".join(f"{name} {count}" for name, count in sorted(exits.items())) or "none"
-    return head + "\n\n" + table(heads, total) + f"\n\nBox components that exited and were started again: {tail}."
+    causes = Counter(
+        (line.split(" exited", 1)[0], found.group(1)) for line in restarted if (found := LAST_ERROR_SAID.search(line))
+    )
+    why = "".join(f'\n- {name}, {count} times: "{error}"' for (name, error), count in sorted(causes.items()))
+    return (
+        head
+        + "\n\n"
+        + table(heads, total)
+        + f"\n\nBox components that exited and were started again: {tail}."
+        + (f"\nTheir last error before they exited:{why}" if why else "")
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

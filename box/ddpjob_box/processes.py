@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,29 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+KLOG_ERROR = re.compile(r'^[EF]\d{4} [\d:.]+\s+\d+ [^\]]+\] (?:"((?:[^"\\]|\\.)*)"|(.*))')
+"""A klog line at level E or F: the quoted message of a structured line, or the plain text of another."""
+LAST_ERROR_SAID = re.compile(r'\(its last error: "(.*?)"\)')
+"""How a restart line quotes the component's last error, for those who count the causes."""
+ERROR_TAIL_BYTES = 65536
+
+
+def last_error(path: Path, since: int = 0) -> str:
+    """The message of the last klog error or fatal line written to ``path`` after byte ``since`` (within its
+    last 64 KiB); "" if none."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(since, size - ERROR_TAIL_BYTES))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    for line in reversed(text.splitlines()):
+        if found := KLOG_ERROR.match(line):
+            return (found.group(1) if found.group(1) is not None else found.group(2)).strip()
+    return ""
+
+
 def exited(pid: int) -> bool:
     """No such process, or a zombie its parent has not reaped yet (``kill(pid, 0)`` still finds those)."""
     try:
@@ -95,6 +119,7 @@ class Component:
         self._streak = 0
         self._retry_at: float | None = None
         self._ran = 0.0
+        self._log_start = 0
 
     def start(self) -> None:
         with self._lock:
@@ -104,6 +129,7 @@ class Component:
     def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()
             self.proc = spawn(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self._started_at = time.monotonic()
 
@@ -124,8 +150,10 @@ class Component:
                 return None
             self._streak, self._retry_at = self._streak + 1, None
             self.restarts += 1
+            error = last_error(self.log_path, self._log_start)
+            why = f' (its last error: "{error[:200]}")' if error else ""
             said = (
-                f"{self.name} exited with code {proc.returncode} after {self._ran:.0f}s; "
+                f"{self.name} exited with code {proc.returncode} after {self._ran:.0f}s{why}; "
                 f"the box started it again (restart {self.restarts}); its log: {self.log_path}"
             )
             with open(self.log_path, "a") as log:

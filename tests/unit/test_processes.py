@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddpjob_box.processes import Component, Supervisor
+from ddpjob_box.processes import Component, Supervisor, last_error
 
 
 def python(name: str, code: str, tmp_path: Path) -> Component:
@@ -82,3 +82,34 @@ def test_a_component_that_keeps_exiting_waits_longer_each_time(tmp_path: Path) -
         supervisor.stop()
         component.stop()
     assert component.restarts == 2, said
+
+
+def test_a_component_that_exits_after_a_klog_error_is_said_with_that_error(tmp_path: Path) -> None:
+    # The real kube-scheduler exits right after: E1125 16:53:51.344887   18565 cache.go:662] "Pod updated on a
+    # different node than previously added to. Scheduler cache is corrupted ..." podKey="49e5..." pod="chaos/x-0"
+    line = 'E1125 16:53:51.344887   18565 cache.go:662] "Pod updated on a \\"node\\"" podKey="49e5" pod="chaos/x-0"'
+    code = f"print({line!r}); print('I1125 16:53:51.4   18565 server.go:1] \"bye\"'); raise SystemExit(1)"
+    component = python("scheduler", code, tmp_path)
+    said: list[str] = []
+    component.start()
+    supervisor = Supervisor([component], said.append, period=0.05)
+    try:
+        until("a restart", lambda: component.restarts >= 1)
+    finally:
+        supervisor.stop()
+        component.stop()
+    assert re.match(
+        r'scheduler exited with code 1 after \d+s \(its last error: "Pod updated on a \\"node\\""\); ', said[0]
+    ), said
+
+
+def test_the_last_error_is_the_last_e_or_f_line_since_the_components_start(tmp_path: Path) -> None:
+    log = tmp_path / "c.log"
+    log.write_text('E1125 10:00:00.1   7 a.go:1] "before the start"\n')
+    since = log.stat().st_size
+    assert last_error(log, since) == ""
+    with log.open("a") as out:
+        out.write('E1125 10:00:01.1   7 b.go:2] "Failed to watch" err="x"\nW1125 10:00:02.1   7 c.go:3] "warned"\n')
+        out.write('F1125 10:00:03.1   7 d.go:4] plain fatal text\nI1125 10:00:04.1   7 e.go:5] "info"\n')
+    assert last_error(log, since) == "plain fatal text"
+    assert last_error(tmp_path / "missing.log") == ""
