@@ -102,10 +102,10 @@ class Kube:
         response = self._call(method, path, body, query, content_type, self._timeout)
         metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
         raw = response.read()
-        data = json.loads(raw) if raw else None
         if 200 <= response.status < 300:
-            return data
-        _raise(response.status, data, raw)
+            return json.loads(raw) if raw else None
+        # An API group the apiserver does not serve answers 404 in plain text ("404 page not found").
+        _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
 
     # DDPJobs
 
@@ -192,15 +192,19 @@ class Kube:
 
     # PodGroups (gang scheduling)
 
-    def serves_pod_groups(self) -> bool:
-        """Whether the apiserver serves PodGroups at POD_GROUP_API (Kubernetes 1.37+, GenericWorkload on)."""
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the apiserver's discovery lists ``plural`` in ``api_version`` (``group/version``)."""
         try:
-            found = self._request("GET", f"/apis/{POD_GROUP_API}")
+            found = self._request("GET", f"/apis/{api_version}")
         except KubeError as err:
             if err.status == 404:
                 return False
             raise
-        return any(r.get("name") == "podgroups" for r in (found or {}).get("resources") or [])
+        return any(r.get("name") == plural for r in (found or {}).get("resources") or [])
+
+    def serves_pod_groups(self) -> bool:
+        """Whether the apiserver serves PodGroups at POD_GROUP_API (Kubernetes 1.37+, GenericWorkload on)."""
+        return self.serves(POD_GROUP_API, "podgroups")
 
     def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None:
         """Delete the job's PodGroups of every attempt but ``keep_attempt`` (one request)."""

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from ddpjob_operator import metrics
+from ddpjob_operator import api, metrics
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.kube import Kube
@@ -24,6 +24,10 @@ from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob_operator")
+
+
+class NotServed(Exception):
+    """The apiserver answers but does not list DDPJobs: it has just started, or the CRD is not installed."""
 
 
 def _now() -> datetime:
@@ -47,6 +51,11 @@ class Runtime:
         # Asked once, first (it raises kube.Unreachable while the apiserver is down, before anything is made):
         # serving an API group takes an apiserver restart, and the operator's restarts are cheap.
         try:
+            if not self.kube.serves(api.API_VERSION, api.PLURAL):
+                raise NotServed(
+                    f"the apiserver does not serve {api.PLURAL}.{api.API_VERSION} yet (it lists a custom resource "
+                    f"a moment after it starts; if this goes on, install the CRD: the chart's, or manifests/crd.yaml)"
+                )
             pod_groups = self.kube.serves_pod_groups()
         except BaseException:
             self.kube.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ def until_logged(operator: OperatorProcess, line: str, timeout: float = 60) -> N
 
 
 def test_an_operator_started_while_the_apiserver_is_down_starts_once_it_answers(
-    cluster: Cluster, namespace: str, tmp_path: Path
+    cluster: Cluster, namespace: str, crd: dict[str, Any], tmp_path: Path
 ) -> None:
     if cluster.box is None or cluster.box.plane is None:
         pytest.skip("the box's control plane only")
