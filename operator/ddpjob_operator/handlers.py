@@ -39,7 +39,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         )
     except (Unreachable, NotServed) as err:  # started while the apiserver restarts: one line, and soon again
         # (not in 60 s). NotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right
-        # after this handler, and a job it did not find then is never watched (chaos soak 8, run 1:31).
+        # after this handler, and a job it did not find then is never watched (chaos soak 8, runs 1:31 to 1:34).
         again = STARTUP_RETRY_SECONDS
         raise kopf.TemporaryError(f"{err}; trying again in {again}s", delay=again) from None
     memo.runtime.start()

@@ -1,6 +1,6 @@
 """An operator started before the apiserver lists DDPJobs waits for them, then serves them.
 
-Chaos soak 8 found it: an operator restarted right after kube-apiserver (run 1:31) found the
+Chaos soak 8 found it: an operator restarted right after kube-apiserver (runs 1:31 to 1:34) found the
 apiserver answering but the CRD not yet in its discovery. With scanning off (an explicit namespace
 list, as the chart runs it), Kopf looks the resource up once, logged "Unresolved resources cannot be
 served", and the live operator never saw a job again. A missing CRD now reads the same way: one line
