@@ -67,14 +67,15 @@ def tail(path: Path, lines: int = 25) -> str:
 
 KLOG_ERROR = re.compile(r'^[EF]\d{4} [\d:.]+\s+\d+ [^\]]+\] (?:"((?:[^"\\]|\\.)*)"|(.*))')
 """A klog line at level E or F: the quoted message of a structured line, or the plain text of another."""
-LAST_ERROR_SAID = re.compile(r'\(its last error: "(.*?)"\)')
+LAST_ERROR_SAID = re.compile(r'\(its last error: "(.*)"\); the box started it again')
 """How a restart line quotes the component's last error, for those who count the causes."""
 ERROR_TAIL_BYTES = 65536
 
 
-def last_error(path: Path, since: int = 0) -> str:
-    """The message of the last klog error or fatal line written to ``path`` after byte ``since`` (within its
-    last 64 KiB); "" if none."""
+def last_error(path: Path, since: int = 0, *, within: int = 3) -> str:
+    """The message of a klog error or fatal line among the last ``within`` lines written to ``path`` after
+    byte ``since``: what a component said as it exited on purpose (klog's FlushAndExit), not an error it
+    logged and survived long before; "" if none."""
     try:
         with open(path, "rb") as log:
             size = log.seek(0, os.SEEK_END)
@@ -82,7 +83,7 @@ def last_error(path: Path, since: int = 0) -> str:
             text = log.read().decode(errors="replace")
     except OSError:
         return ""
-    for line in reversed(text.splitlines()):
+    for line in reversed([line for line in text.splitlines() if line.strip()][-within:]):
         if found := KLOG_ERROR.match(line):
             return (found.group(1) if found.group(1) is not None else found.group(2)).strip()
     return ""
@@ -150,7 +151,7 @@ class Component:
                 return None
             self._streak, self._retry_at = self._streak + 1, None
             self.restarts += 1
-            error = last_error(self.log_path, self._log_start)
+            error = last_error(self.log_path, self._log_start) if proc.returncode > 0 else ""  # not if killed
             why = f' (its last error: "{error[:200]}")' if error else ""
             said = (
                 f"{self.name} exited with code {proc.returncode} after {self._ran:.0f}s{why}; "

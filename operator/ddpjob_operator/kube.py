@@ -23,7 +23,7 @@ from ddpjob_operator import api, metrics
 class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+        self.status, self.message = status, message
 
 
 class Conflict(KubeError):
@@ -35,7 +35,8 @@ class Expired(KubeError):
 
 
 class Unreachable(KubeError):
-    """No answer: the apiserver is down or restarting (connection refused or reset, after urllib3's retries)."""
+    """No answer: the apiserver is down or restarting (connection refused or reset, after urllib3's retries),
+    or, where said, an answer that it is not ready yet (5xx, 429)."""
 
 
 class NamespaceTerminating(KubeError):
@@ -193,12 +194,22 @@ class Kube:
     # PodGroups (gang scheduling)
 
     def serves(self, api_version: str, plural: str) -> bool:
-        """Whether the apiserver's discovery lists ``plural`` in ``api_version`` (``group/version``)."""
+        """Whether discovery lists ``plural`` in ``api_version`` (``group/version``), in the group list first, as
+        Kopf looks it up. Unreachable while the apiserver answers but cannot say yet (5xx, 429: a restarted
+        apiserver answers 503 for custom resources until it has read their CRDs)."""
+        group, version = api_version.split("/")
         try:
-            found = self._request("GET", f"/apis/{api_version}")
+            groups = self._request("GET", "/apis")
+            listed = any(
+                g.get("name") == group and any(v.get("version") == version for v in g.get("versions") or [])
+                for g in (groups or {}).get("groups") or []
+            )
+            found = self._request("GET", f"/apis/{api_version}") if listed else {}
         except KubeError as err:
             if err.status == 404:
                 return False
+            if err.status == 429 or err.status >= 500:
+                raise Unreachable(err.status, f"discovery of {api_version}: {err.message}") from None
             raise
         return any(r.get("name") == plural for r in (found or {}).get("resources") or [])
 
@@ -249,7 +260,7 @@ def _causes(data: Any) -> set[str]:
 
 
 def _raise(status: int, data: Any, raw: bytes) -> NoReturn:
-    message = data.get("message", "") if isinstance(data, Mapping) else str(raw)[:500]
+    message = data.get("message", "") if isinstance(data, Mapping) else raw.decode(errors="replace").strip()[:500]
     if status == 403 and "NamespaceTerminating" in _causes(data):
         raise NamespaceTerminating(status, message)
     if status == 409:

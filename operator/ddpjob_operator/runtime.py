@@ -48,8 +48,8 @@ class Runtime:
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
-        # Asked once, first (it raises kube.Unreachable while the apiserver is down, before anything is made):
-        # serving an API group takes an apiserver restart, and the operator's restarts are cheap.
+        # Asked once, first (kube.Unreachable while the apiserver is down, NotServed while it cannot say yet),
+        # before anything is made: serving PodGroups takes an apiserver restart, and ours are cheap.
         try:
             if not self.kube.serves(api.API_VERSION, api.PLURAL):
                 raise NotServed(

@@ -75,7 +75,7 @@ while :; do
   fi
   if [ "$why" != "$said" ]; then echo "ddpjob: waiting for rank 0: $why"; said=$why; fi
   if [ "$(date +%s)" -ge "$deadline" ]; then
-    why="rank 0 not ready at ${ENV_MASTER_ADDR} within ${ENV_WAIT_SECONDS}s (spec.waitForMasterSeconds): $why"
+    why="rank 0 not ready at ${ENV_MASTER_ADDR} within ${{{ENV_WAIT_SECONDS}}}s (spec.waitForMasterSeconds): $why"
     echo "ddpjob: $why" >&2
     exit 1
   fi

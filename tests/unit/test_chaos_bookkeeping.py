@@ -45,7 +45,10 @@ def test_the_summary_counts_a_skipped_fault_apart_from_the_injected_ones() -> No
     )
     assert again.endswith("started again: kube-scheduler 2."), again
     cache = "Pod updated on a different node than previously added to. Scheduler cache is corrupted"
-    said = [f'kube-scheduler exited with code 1 after {s}s (its last error: "{cache}"); the box ...' for s in (9, 70)]
+    said = [
+        f'kube-scheduler exited with code 1 after {s}s (its last error: "{cache}"); the box started it again ...'
+        for s in (9, 70)
+    ]
     causes = summary(runs, 3, 90, [*said, "etcd exited with code 2 after 1s; ..."])
     assert causes.endswith(
         "started again: etcd 1, kube-scheduler 2.\n"

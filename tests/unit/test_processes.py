@@ -112,4 +112,7 @@ def test_the_last_error_is_the_last_e_or_f_line_since_the_components_start(tmp_p
         out.write('E1125 10:00:01.1   7 b.go:2] "Failed to watch" err="x"\nW1125 10:00:02.1   7 c.go:3] "warned"\n')
         out.write('F1125 10:00:03.1   7 d.go:4] plain fatal text\nI1125 10:00:04.1   7 e.go:5] "info"\n')
     assert last_error(log, since) == "plain fatal text"
+    with log.open("a") as out:
+        out.write("".join(f'I1125 10:00:0{i}.1   7 f.go:6] "fine"\n' for i in range(3)))
+    assert last_error(log, since) == "", "an error long before the exit is not why it exited"
     assert last_error(tmp_path / "missing.log") == ""

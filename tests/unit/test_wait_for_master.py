@@ -63,7 +63,7 @@ def test_a_name_that_does_not_resolve_fails_after_the_wait_naming_the_field(clos
     done = wait("no-such-name.invalid", closed_port)
     assert done.returncode == 1
     assert "no-such-name.invalid does not resolve" in done.stderr
-    assert "spec.waitForMasterSeconds" in done.stderr
+    assert "rank 0 not ready at no-such-name.invalid within 1s (spec.waitForMasterSeconds)" in done.stderr
 
 
 @pytest.fixture
