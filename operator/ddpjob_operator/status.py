@@ -151,6 +151,11 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
             terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
             if terminated.get("exitCode") not in (None, 0):
                 reason = f"init container {cs.get('name')} exited with code {terminated['exitCode']}"
+                # kubelet's reason, when it has one: StartError (128) is a container that never ran, as when
+                # kubelet restarted while it started it (chaos soak 10, run 1:148), with the runtime's error
+                why, said = str(terminated.get("reason") or ""), one_line(str(terminated.get("message") or ""))
+                if why and why != "Error":
+                    reason += f" ({why}: {said})" if said else f" ({why})"
                 break
     return PodView(
         name=str(meta.get("name", "")),

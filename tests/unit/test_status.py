@@ -48,6 +48,14 @@ def raw_pod(phase: str = "Running", *, exit_code: int | None = None, **extra: An
         (raw_pod("Failed", status={"containerStatuses": [], "initContainerStatuses": [
             {"name": "ddpjob-wait-for-master", "state": {"terminated": {"exitCode": 1}}}]}),
          dict(failed=True, reason="init container ddpjob-wait-for-master exited with code 1")),
+        (raw_pod("Failed", status={"containerStatuses": [], "initContainerStatuses": [
+            {"name": "ddpjob-wait-for-master", "state": {"terminated": {"exitCode": 128, "reason": "StartError",
+             "message": "failed to start containerd task \"b0bc\": context canceled: unknown"}}}]}),
+         dict(failed=True, reason="init container ddpjob-wait-for-master exited with code 128 (StartError: "
+                                  "failed to start containerd task \"b0bc\": context canceled: unknown)")),
+        (raw_pod("Failed", status={"containerStatuses": [], "initContainerStatuses": [
+            {"name": "ddpjob-wait-for-master", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}),
+         dict(failed=True, reason="init container ddpjob-wait-for-master exited with code 1")),
         (raw_pod(metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"}), dict(terminating=True, running=False)),
         ({"metadata": {"name": "bare"}}, dict(phase="Pending", rank=None, attempt=None, failed=False)),
     ],
