@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench import chaos
-from bench.chaos import Overlaps, Run, held, log_excerpt, summary, too_late, wait_while_whole
+from bench.chaos import Overlaps, Run, held, log_excerpt, never_started, summary, too_late, wait_while_whole
 
 
 def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
@@ -112,3 +112,13 @@ def test_a_child_left_behind_is_named_with_what_holds_it() -> None:
         held("PodGroup", "j-attempt-0", "2026-11-25T14:50:15Z", [finalizer])
         == f"PodGroup j-attempt-0 (deleting since 2026-11-25T14:50:15Z) (finalizers {finalizer})"
     )
+
+
+def test_a_restart_for_a_container_that_never_ran_is_charged_to_the_kubelet_restart_that_caused_it() -> None:
+    started = (
+        "RetryableFailure: rank 0 (pod chaos-1-148-0) init container ddpjob-wait-for-master exited with code 128"
+        " (StartError: failed to start containerd task: context canceled); restarting the gang as attempt 1"
+    )
+    plain = "RetryableFailure: rank 1 (pod chaos-1-3-1) exited with code 137: killed; restarting the gang as attempt 1"
+    assert never_started([started, "AllRanksRunning: all 2 ranks are running (attempt 1)"]) == 1
+    assert never_started([plain]) == 0
