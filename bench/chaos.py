@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, wait_until, write_results
+from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, table, wait_until, write_results
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_contract.status import Reason
@@ -584,8 +584,11 @@ def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path, parallel: int 
             with out.open("a") as f:
                 f.write(json.dumps(asdict(result)) + "\n")
             results.append(result)
+    except BaseException:
+        STOPPING.set()  # on Ctrl-C the runs under way stop waiting, and no new one starts
+        raise
     finally:
-        pool.shutdown(cancel_futures=True)  # on Ctrl-C the runs under way end, and no new one starts
+        pool.shutdown(cancel_futures=True)
     return sorted(results, key=lambda r: r.run)
 
 

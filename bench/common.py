@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -283,10 +284,18 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
+STOPPING = threading.Event()
+"""Set when the driver is interrupted (Ctrl-C, SIGTERM): every ``wait_until`` in a worker thread ends at once,
+so the driver's pool, and with it the box, can stop now rather than when each wait times out."""
+
+
 def wait_until(what: str, probe: Callable[[], Any], deadline: Callable[[], float], *, interval: float = 0.5) -> Any:
-    """``probe``'s first truthy answer, asked every ``interval`` s until the monotonic time passes ``deadline()``."""
+    """``probe``'s first truthy answer, asked every ``interval`` s until the monotonic time passes ``deadline()``;
+    KeyboardInterrupt once STOPPING is set."""
     started = time.monotonic()
     while True:
+        if STOPPING.is_set():
+            raise KeyboardInterrupt(f"stopped while waiting for {what}")
         found = probe()
         if found:
             return found

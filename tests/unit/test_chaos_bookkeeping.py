@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from bench import chaos
 from bench.chaos import Overlaps, Run, held, log_excerpt, never_started, summary, too_late, wait_while_whole
+from bench.common import STOPPING, wait_until
 
 
 def test_a_run_records_every_run_alive_at_some_moment_of_it_and_no_other() -> None:
@@ -122,3 +125,24 @@ def test_a_restart_for_a_container_that_never_ran_is_charged_to_the_kubelet_rest
     plain = "RetryableFailure: rank 1 (pod chaos-1-3-1) exited with code 137: killed; restarting the gang as attempt 1"
     assert never_started([started, "AllRanksRunning: all 2 ranks are running (attempt 1)"]) == 1
     assert never_started([plain]) == 0
+
+
+def test_an_interrupted_soak_stops_its_runs_waits_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Seen twice: after SIGTERM the soak waited minutes for the runs under way, each in a wait with a long deadline.
+    def blocked(stack: object, seed: int, index: int, overlaps: object) -> Run:
+        wait_until("a job that never ends", lambda: False, lambda: time.monotonic() + 600)
+        raise AssertionError("unreachable")
+
+    def interrupted(futures: object) -> Iterator[object]:
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chaos, "guarded_run", blocked)
+    monkeypatch.setattr(chaos, "as_completed", interrupted)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            chaos.soak(cast(Any, None), 1, [0, 1], tmp_path / "runs.jsonl", parallel=2)
+    finally:
+        STOPPING.clear()
+    assert time.monotonic() - started < 5
