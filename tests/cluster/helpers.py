@@ -11,18 +11,23 @@ import itertools
 import json
 import random
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import pytest
 import yaml
 from prometheus_client import generate_latest
 
 from ddp_trainer.metrics import Metrics, StepTiming
+from ddpjob_box.controlplane import ControlPlane
+from ddpjob_box.errors import BoxError
 from ddpjob_contract.pods import ENV_METRICS_PORT, LABEL_JOB_NAME
 from ddpjob_operator import api
 
@@ -253,6 +258,21 @@ def apply_crd(raw: Raw) -> dict[str, Any]:
     # the storage layer for the new schema may lag Established by a moment
     wait_for(lambda: raw.get(f"/apis/{api.GROUP}/{api.VERSION}") is not None, what="the API group")
     return dict(crd)
+
+
+@contextmanager
+def own_plane(**options: Any) -> Iterator[ControlPlane]:
+    """A control plane of a module's own (``ControlPlane`` options), in a temporary directory, stopped after."""
+    with tempfile.TemporaryDirectory(prefix="ddpjob-plane-") as tmp:
+        plane = ControlPlane(Path(tmp) / "plane", **options)
+        try:
+            plane.start()
+        except BoxError as err:
+            pytest.fail(f"the control plane did not start: {err}", pytrace=False)
+        try:
+            yield plane
+        finally:
+            plane.stop()
 
 
 def wait_for(check: Callable[[], T], *, timeout: float = WAIT, what: str = "the condition") -> T:

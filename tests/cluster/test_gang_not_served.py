@@ -7,7 +7,6 @@ process, which reads at startup what the apiserver serves.
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,26 +16,17 @@ import pytest
 import yaml
 
 from ddpjob_box.controlplane import ControlPlane
-from ddpjob_box.errors import BoxError
 from ddpjob_box.operator_process import OperatorProcess
 
-from .helpers import CRD_FILE, Raw, job_body, wait_for
+from .helpers import CRD_FILE, Raw, job_body, own_plane, wait_for
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    with tempfile.TemporaryDirectory(prefix="ddpjob-plane-") as tmp:
-        the_plane = ControlPlane(Path(tmp) / "plane", pod_groups=False)
-        try:
-            the_plane.start()
-        except BoxError as err:
-            pytest.fail(f"the control plane did not start: {err}", pytrace=False)
-        try:
-            yield the_plane
-        finally:
-            the_plane.stop()
+    with own_plane(pod_groups=False) as the_plane:
+        yield the_plane
 
 
 @pytest.fixture(scope="module")

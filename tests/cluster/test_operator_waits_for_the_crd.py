@@ -11,7 +11,6 @@ This module starts a control plane of its own, with no CRD until the test instal
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,26 +19,17 @@ import pytest
 import yaml
 
 from ddpjob_box.controlplane import ControlPlane
-from ddpjob_box.errors import BoxError
 from ddpjob_box.operator_process import OperatorProcess
 
-from .helpers import CRD_FILE, Raw, job_body, wait_for
+from .helpers import CRD_FILE, Raw, job_body, own_plane, wait_for
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    with tempfile.TemporaryDirectory(prefix="ddpjob-plane-") as tmp:
-        the_plane = ControlPlane(Path(tmp) / "plane")
-        try:
-            the_plane.start()
-        except BoxError as err:
-            pytest.fail(f"the control plane did not start: {err}", pytrace=False)
-        try:
-            yield the_plane
-        finally:
-            the_plane.stop()
+    with own_plane() as the_plane:
+        yield the_plane
 
 
 def test_an_operator_started_before_the_crd_is_served_serves_jobs_once_it_is(

@@ -11,23 +11,20 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import tempfile
 import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddpjob_box.controlplane import ControlPlane
-from ddpjob_box.errors import BoxError
 from ddpjob_operator import podcache
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
 
-from .helpers import Raw
+from .helpers import Raw, own_plane
 from .test_podcache import Changes, eventually, names, pod
 
 pytestmark = pytest.mark.cluster
@@ -35,16 +32,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    with tempfile.TemporaryDirectory(prefix="ddpjob-plane-") as tmp:
-        the_plane = ControlPlane(Path(tmp) / "plane", extra_args={"kube-apiserver": ["--watch-cache-sizes=pods#0"]})
-        try:
-            the_plane.start()
-        except BoxError as err:
-            pytest.fail(f"the control plane did not start: {err}", pytrace=False)
-        try:
-            yield the_plane
-        finally:
-            the_plane.stop()
+    with own_plane(extra_args={"kube-apiserver": ["--watch-cache-sizes=pods#0"]}) as the_plane:
+        yield the_plane
 
 
 @pytest.fixture(scope="module")
