@@ -6,6 +6,8 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ddpjob_box.processes import Component, Supervisor, last_error
@@ -13,6 +15,19 @@ from ddpjob_box.processes import Component, Supervisor, last_error
 
 def python(name: str, code: str, tmp_path: Path) -> Component:
     return Component(name, [sys.executable, "-c", code], tmp_path / f"{name}.log")
+
+
+@contextmanager
+def supervised(component: Component) -> Iterator[list[str]]:
+    """``component`` started, under a Supervisor that looks every 0.05 s; yields the lines it says."""
+    said: list[str] = []
+    component.start()
+    supervisor = Supervisor([component], said.append, period=0.05)
+    try:
+        yield said
+    finally:
+        supervisor.stop()
+        component.stop()
 
 
 def until(what: str, predicate: object, timeout: float = 20.0) -> None:
@@ -41,46 +56,28 @@ def test_a_component_that_exits_on_its_own_is_started_again_and_said(tmp_path: P
     marks = tmp_path / "starts"
     code = f"open({str(marks)!r}, 'a').write('x'); import time; time.sleep(0.2); raise SystemExit(3)"
     component = python("crasher", code, tmp_path)
-    said: list[str] = []
-    component.start()
-    supervisor = Supervisor([component], said.append, period=0.05)
-    try:
+    with supervised(component) as said:
         until("two restarts", lambda: component.restarts >= 2)
         until("the third start's mark", lambda: marks.read_text().count("x") >= 3)
-    finally:
-        supervisor.stop()
-        component.stop()
     assert re.match(r"crasher exited with code 3 after \d+s; the box started it again \(restart 1\)", said[0]), said
     assert "--- box: crasher exited with code 3" in component.log_path.read_text()
 
 
 def test_a_component_stopped_on_purpose_stays_stopped(tmp_path: Path) -> None:
     component = python("sleeper", "import time; time.sleep(60)", tmp_path)
-    component.start()
-    said: list[str] = []
-    supervisor = Supervisor([component], said.append, period=0.05)
-    try:
+    with supervised(component) as said:
         component.stop()
         time.sleep(1.5)  # past the first backoff (1 s)
         assert not component.alive() and said == [] and component.restarts == 0
         component.start()  # a restart on purpose, as the chaos soak's: the supervisor does not add one
         time.sleep(0.3)
         assert component.alive() and component.restarts == 0
-    finally:
-        supervisor.stop()
-        component.stop()
 
 
 def test_a_component_that_keeps_exiting_waits_longer_each_time(tmp_path: Path) -> None:
     component = python("crasher", "raise SystemExit(1)", tmp_path)
-    said: list[str] = []
-    component.start()
-    supervisor = Supervisor([component], said.append, period=0.05)
-    try:
+    with supervised(component) as said:
         time.sleep(4.5)  # backoffs of 1 and 2 s: two restarts, the third waits 4 s
-    finally:
-        supervisor.stop()
-        component.stop()
     assert component.restarts == 2, said
 
 
@@ -90,14 +87,8 @@ def test_a_component_that_exits_after_a_klog_error_is_said_with_that_error(tmp_p
     line = 'E1125 16:53:51.344887   18565 cache.go:662] "Pod updated on a \\"node\\"" podKey="49e5" pod="chaos/x-0"'
     code = f"print({line!r}); print('I1125 16:53:51.4   18565 server.go:1] \"bye\"'); raise SystemExit(1)"
     component = python("scheduler", code, tmp_path)
-    said: list[str] = []
-    component.start()
-    supervisor = Supervisor([component], said.append, period=0.05)
-    try:
+    with supervised(component) as said:
         until("a restart", lambda: component.restarts >= 1)
-    finally:
-        supervisor.stop()
-        component.stop()
     assert re.match(
         r'scheduler exited with code 1 after \d+s \(its last error: "Pod updated on a \\"node\\""\); ', said[0]
     ), said
