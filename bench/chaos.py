@@ -602,11 +602,10 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarte
               sum(r.outcome == "Succeeded" for r in results), sum(r.restarts for r in results if r.restarts > 0),
               f"{wall_seconds / 60:.1f} min"]]  # fmt: skip
     heads = ["runs", "at once", "with a violation", "succeeded", "restarts", "time"]
-    exits = Counter(line.split(" exited", 1)[0] for line in restarted)
+    said = [(line.split(" exited", 1)[0], LAST_ERROR_SAID.search(line)) for line in restarted]
+    exits = Counter(name for name, _ in said)
     tail = ", ".join(f"{name} {count}" for name, count in sorted(exits.items())) or "none"
-    causes = Counter(
-        (line.split(" exited", 1)[0], found.group(1)) for line in restarted if (found := LAST_ERROR_SAID.search(line))
-    )
+    causes = Counter((name, found.group(1)) for name, found in said if found)
     why = "".join(f'\n- {name}, {count} times: "{error}"' for (name, error), count in sorted(causes.items()))
     return (
         head
