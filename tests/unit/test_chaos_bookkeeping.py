@@ -130,7 +130,8 @@ def test_a_restart_for_a_container_that_never_ran_is_charged_to_the_kubelet_rest
 def test_an_interrupted_soak_stops_its_runs_waits_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Seen twice: after SIGTERM the soak waited minutes for the runs under way, each in a wait with a long deadline.
     def blocked(stack: object, seed: int, index: int, overlaps: object) -> Run:
-        wait_until("a job that never ends", lambda: False, lambda: time.monotonic() + 600)
+        deadline = time.monotonic() + 10  # past the 5 s asserted below, so a soak that waits fails, not hangs
+        wait_until("a job that never ends", lambda: False, lambda: deadline)
         raise AssertionError("unreachable")
 
     def interrupted(futures: object) -> Iterator[object]:
