@@ -80,10 +80,13 @@ def test_a_restarting_fault_counts_as_too_late_only_when_the_jobs_success_explai
     assert not too_late("delete-pod", ended("RanksStuckExiting")), "a deleted rank fails: that restarts"
 
 
-def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_the_wait() -> None:
+def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Soak 7, run 1:0: the apiserver restarted twice while the deleted job's children were waited for;
     the garbage collector's time down is not the job's."""
-    stack: Any = SimpleNamespace(whole_since=time.monotonic())
+    monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.0)
+    stack: Any = SimpleNamespace(whole_since=time.monotonic() - 10)
     started, calls = time.monotonic(), []
 
     def gone() -> bool:
@@ -94,6 +97,20 @@ def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_th
 
     assert wait_while_whole(stack, "the children to go", gone, 0.5)
     assert len(calls) > 1
+
+
+def test_children_get_the_informers_relist_backoff_after_a_box_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Soak 10, run 1:93: after three apiserver restarts in 42 s the garbage collector deleted the children
+    about 60 s after the apiserver was back; client-go's informers may wait that long before they list."""
+    monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.8)
+    stack: Any = SimpleNamespace(whole_since=time.monotonic())  # a fault that has just ended
+    started = time.monotonic()
+    assert wait_while_whole(stack, "the children to go", lambda: time.monotonic() - started > 1.0, 0.5)
+
+    stack.whole_since = time.monotonic() - 10  # long ago: the backoff has reset, 0.5 s is all
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="waiting for the children to go"):
+        wait_while_whole(stack, "the children to go", lambda: time.monotonic() - started > 1.0, 0.5)
 
 
 def test_children_that_never_go_fail_the_run_even_while_faults_keep_coming(monkeypatch: pytest.MonkeyPatch) -> None:
