@@ -5,21 +5,28 @@
     python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
     python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
 
-The box with its node, the trainer image, and the operator as its own process. Each run creates a
-2-rank tinycnn DDPJob that checkpoints every 10 steps, then injects 1 to 3 faults chosen and timed
-by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the job to end.
-With ``--parallel N``, N runs go on at once, each with its own job: a restart of kubelet, the
-apiserver, etcd or the operator then lands on every job alive at the time, and each of them must
+The box with its node, the trainer image, and the operator as its own process, watching one namespace
+per run going on at once (the chart's namespaced mode). Each run creates a 2-rank tinycnn DDPJob that
+checkpoints every 10 steps in a namespace no other run uses meanwhile, then injects 1 to 3 faults
+chosen and timed by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the
+job to end: a killed, hung (SIGSTOP) or deleted rank; the operator SIGKILLed, or armed at a fault point
+(``ddpjob_operator.faults``: it exits at its next pod creation or deletion, in whichever job's work);
+kubelet, kube-apiserver or etcd restarted; suspend then resume; a spec edit (what may change while it
+runs, and a template change, which CEL must refuse); the job, or its whole namespace, deleted while it
+runs (always the run's last fault). With ``--parallel N``, N runs go on at once: a restart of kubelet,
+the apiserver, etcd or the operator then lands on every job alive at the time, and each of them must
 still keep every promise (such a restart causes no counted restart). A box fault passes alone: the
 other runs' calls to the apiserver wait until it answers again. Then it checks:
 
 - never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s);
 - ``status.restarts`` equals the restart-causing faults injected (a killed, deleted or hung rank;
   suspend, a spec edit, the operator's, kubelet's, the apiserver's or etcd's restart cause none);
-- the job Succeeded, its final step is the configured steps, and every checkpoint left loads;
-- the operator's log holds no traceback;
+- the job Succeeded, its final step is the configured steps, and every checkpoint left loads (after a
+  deletion: the checkpoints still load, unless the namespace took them);
+- the operator's log holds no traceback, and the operator never exited unless a fault made it;
 - once the job is deleted, no pod, Service or PodGroup of it is left after 60 s of a whole control plane
-  (counted from the end of the last box fault when that came later; 300 s at most).
+  (counted from 60 s after the end of the last box fault when that came later: informers back off that
+  long; 300 s at most); a deleted namespace is gone within 120 s of it.
 
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
 timeline, the job's Events, the operator's log tail, the box's audit lines for the job's pods, Service
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import re
 import signal
@@ -50,6 +58,7 @@ from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, t
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_contract.status import Reason
+from ddpjob_operator import faults as operator_faults
 
 NAME = "chaos"
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
@@ -63,9 +72,16 @@ garbage collector may look again this late, and several faults in a row make tha
 GONE_CAP_SECONDS = 300
 RESTARTING = ("kill-rank", "delete-pod", "hang-rank")
 """Faults that cost the job one counted restart."""
-BOX_FAULTS = ("kill-operator", "restart-kubelet", "restart-apiserver", "restart-etcd")
+BOX_FAULTS = ("kill-operator", "kill-operator-at-point", "restart-kubelet", "restart-apiserver", "restart-etcd")
 """Faults on the box itself: every job alive at the time sees them."""
-FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume")
+ENDING = ("delete-job", "delete-namespace")
+"""Faults that end the run: the job, or its whole namespace, deleted while it runs. Drawn, they come last."""
+OPERATOR_POINTS = ("pod-created:1", "pod-created:2", "pod-deleted:1")
+"""Where kill-operator-at-point arms the operator (ddpjob_operator.faults): it exits at its next pass there,
+in whichever job's work brings it, between one rank's pod and the next, or mid gang restart."""
+NAMESPACE_GONE_SECONDS = 120
+"""How long a deleted namespace may take to go while the control plane is whole (its pods' grace included)."""
+FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume", "spec-edit", *ENDING)
 
 
 @dataclass
@@ -115,23 +131,47 @@ def chaos_job(name: str, claim: str) -> dict[str, Any]:
     }
 
 
-class Stack:
-    """The box's parts a fault acts on, and the operator, which a fault may kill and this restarts."""
+@dataclass(frozen=True)
+class JobRef:
+    """Where a run's job lives: its namespace (the run's alone while it goes on), its name and its checkpoints'
+    PVC."""
 
-    def __init__(self, box: Any, namespace: str, workdir: Path) -> None:
+    namespace: str
+    name: str
+    claim: str
+
+
+class Stack:
+    """The box's parts a fault acts on, the namespaces the runs take turns in, and the operator, which a fault
+    may kill or arm and which this keeps running."""
+
+    def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path) -> None:
         from kubernetes import client, config
 
         from ddpjob_box.operator_process import OperatorProcess
 
-        self.box, self.namespace, self.workdir = box, namespace, workdir
+        self.box, self.namespaces, self.workdir = box, list(namespaces), workdir
+        self.free: queue.Queue[str] = queue.Queue()
+        for namespace in namespaces:
+            self.free.put(namespace)
         self.api = config.new_client_from_config(config_file=str(box.plane.kubeconfig))
         self.core, self.custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
         self._operator_cls = OperatorProcess
         self.operator_logs: list[Path] = []
+        self._swap = threading.Lock()
+        self.armed = ""
+        """The fault point the running operator exits at, if any."""
+        self.fired: list[str] = []
+        """The armed points the operator exited at."""
+        self.exits: list[str] = []
+        """The operator's exits that no fault asked for: each fails the runs alive then."""
         self.operator = self._start_operator()
         self._calm = threading.Lock()
         self.whole_since = time.monotonic()
         """When the last box fault ended: the control plane has been whole since then."""
+        self._closing = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, daemon=True, name="chaos-operator-keeper")
+        self._keeper.start()
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A call to the apiserver, made while no box fault is under way (another run's, with --parallel);
@@ -146,17 +186,58 @@ class Stack:
                         raise
             time.sleep(1)
 
-    def create_job(self, body: dict[str, Any]) -> None:
-        self.call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, body)
+    def create_job(self, job: JobRef, body: dict[str, Any]) -> None:
+        self.call(self.custom.create_namespaced_custom_object, GROUP, VERSION, job.namespace, PLURAL, body)
 
-    def patch_job(self, name: str, patch: dict[str, Any]) -> None:
-        self.call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name, patch)
+    def patch_job(self, job: JobRef, patch: dict[str, Any]) -> None:
+        self.call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, job.namespace, PLURAL, job.name, patch)
 
-    def delete_job(self, name: str) -> None:
-        self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
+    def delete_job(self, job: JobRef) -> None:
+        self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, job.namespace, PLURAL, job.name)
 
-    def delete_claim(self, claim: str) -> None:
-        self.call(self.core.delete_namespaced_persistent_volume_claim, claim, self.namespace)
+    def delete_claim(self, job: JobRef) -> None:
+        self.call(self.core.delete_namespaced_persistent_volume_claim, job.claim, job.namespace)
+
+    def create_namespace(self, namespace: str) -> None:
+        """The namespace, once pods can be made in it (the controller-manager has made its default
+        ServiceAccount)."""
+        self.call(self.core.create_namespace, {"metadata": {"name": namespace}})
+        accounts = self.core.list_namespaced_service_account
+        wait(
+            f"namespace {namespace}'s default ServiceAccount",
+            lambda: self.call(accounts, namespace, field_selector="metadata.name=default").items,
+            120,
+        )
+
+    def namespace_gone(self, namespace: str) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.call(self.core.read_namespace, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return True
+            raise
+        return False
+
+    @contextmanager
+    def namespace_for_a_run(self) -> Iterator[str]:
+        """A namespace no other run uses meanwhile; made again after, when the run deleted it. One still
+        terminating after its run is not handed out again (that run says why)."""
+        namespace = wait("a namespace free for the run", lambda: self._take(), 900)
+        try:
+            yield namespace
+        finally:
+            if self.namespace_gone(namespace):
+                self.create_namespace(namespace)
+            if not self.call(self.core.read_namespace, namespace).metadata.deletion_timestamp:
+                self.free.put(namespace)
+
+    def _take(self) -> str:
+        try:
+            return self.free.get(timeout=1)
+        except queue.Empty:
+            return ""
 
     def box_fault(self, fault: Callable[[], None]) -> None:
         """Runs a fault on the box alone, and returns once the apiserver answers from etcd again."""
@@ -167,23 +248,41 @@ class Stack:
 
     def _answers(self) -> bool:
         try:
-            self.core.list_namespaced_pod(self.namespace, limit=1)
+            self.core.list_namespace(limit=1)
         except Exception:  # still restarting
             return False
         return True
 
-    def _start_operator(self) -> Any:
+    def _start_operator(self, armed: str = "") -> Any:
         path = self.workdir / f"operator-{len(self.operator_logs)}.log"
         self.operator_logs.append(path)
-        return self._operator_cls(self.box.plane.kubeconfig, path, namespaces=[self.namespace])
+        return self._operator_cls(self.box.plane.kubeconfig, path, namespaces=self.namespaces, faults=armed)
 
     def operator_log(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.operator_logs if p.exists())
 
-    def kill_operator(self) -> None:
-        self.operator.proc.kill()
-        self.operator.proc.wait()
-        self.operator = self._start_operator()
+    def kill_operator(self, armed: str = "") -> None:
+        """SIGKILL, then another operator at once; ``armed``: a fault point it exits at (OPERATOR_POINTS)."""
+        with self._swap:
+            self.operator.proc.kill()
+            self.operator.proc.wait()
+            self.armed = armed
+            self.operator = self._start_operator(armed)
+
+    def _keep(self) -> None:
+        """Starts a plain operator when the running one exits on its own: at its armed point (counted in
+        ``fired``), or not (a crash, kept in ``exits``)."""
+        while not self._closing.wait(0.5):
+            with self._swap:
+                code = self.operator.proc.poll()
+                if code is None:
+                    continue
+                if self.armed and code == operator_faults.EXIT_CODE:
+                    self.fired.append(self.armed)
+                else:
+                    self.exits.append(f"the operator exited on its own with code {code}")
+                self.armed = ""
+                self.operator = self._start_operator()
 
     def component(self, name: str) -> Any:
         return next(c for c in self.box.plane.components if c.name == name)
@@ -194,6 +293,8 @@ class Stack:
         component.start()
 
     def close(self) -> None:
+        self._closing.set()
+        self._keeper.join()
         self.operator.stop()
         self.api.close()
 
@@ -201,7 +302,7 @@ class Stack:
 class Watchdog:
     """Polls the job's pods until stopped and records what must never be seen."""
 
-    def __init__(self, stack: Stack, job: str) -> None:
+    def __init__(self, stack: Stack, job: JobRef) -> None:
         self.stack, self.job = stack, job
         self.violations: list[str] = []
         self._stop = threading.Event()
@@ -212,7 +313,7 @@ class Watchdog:
         while not self._stop.wait(0.3):
             try:
                 pods = self.stack.core.list_namespaced_pod(
-                    self.stack.namespace, label_selector=f"ddpjob.dev/job-name={self.job}"
+                    self.job.namespace, label_selector=f"ddpjob.dev/job-name={self.job.name}"
                 ).items
             except Exception:  # the apiserver may be restarting: look again
                 continue
@@ -235,22 +336,22 @@ class Watchdog:
         return self.violations
 
 
-def status(stack: Stack, name: str) -> dict[str, Any]:
+def status(stack: Stack, job: JobRef) -> dict[str, Any]:
     """The job's status, or {} while the apiserver does not answer: for polls."""
     try:
-        body = stack.custom.get_namespaced_custom_object(GROUP, VERSION, stack.namespace, PLURAL, name)
+        body = stack.custom.get_namespaced_custom_object(GROUP, VERSION, job.namespace, PLURAL, job.name)
     except Exception:  # the apiserver may be restarting
         return {}
     return dict(body.get("status") or {})
 
 
-def status_now(stack: Stack, name: str) -> dict[str, Any]:
+def status_now(stack: Stack, job: JobRef) -> dict[str, Any]:
     """The job's status as the apiserver has it once it answers (another run's box fault may be under way)."""
     get = stack.custom.get_namespaced_custom_object
     deadline = time.monotonic() + 120
     while True:
         try:
-            return dict(stack.call(get, GROUP, VERSION, stack.namespace, PLURAL, name).get("status") or {})
+            return dict(stack.call(get, GROUP, VERSION, job.namespace, PLURAL, job.name).get("status") or {})
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -281,11 +382,11 @@ def wait_while_whole(stack: Stack, what: str, probe: Callable[[], Any], timeout:
     return wait_until(what, probe, deadline)
 
 
-def restarted_or_over(stack: Stack, name: str, attempt: int) -> Callable[[], dict[str, Any]]:
+def restarted_or_over(stack: Stack, job: JobRef, attempt: int) -> Callable[[], dict[str, Any]]:
     """The status once the job has restarted past ``attempt`` or ended; {} before."""
 
     def probe() -> dict[str, Any]:
-        found = status(stack, name)
+        found = status(stack, job)
         over = found.get("phase") in ("Succeeded", "Failed")
         return found if over or int(found.get("attempt", 0)) > attempt else {}
 
@@ -315,7 +416,7 @@ class NotInjected(Exception):
     """The fault found nothing to act on (the rank's process had just gone): the run goes on without it."""
 
 
-def trainer_pid(stack: Stack, pod: str) -> int:
+def trainer_pid(stack: Stack, job: JobRef, pod: str) -> int:
     from kubernetes.client.rest import ApiException
 
     from ddpjob_box.errors import BoxError
@@ -323,7 +424,7 @@ def trainer_pid(stack: Stack, pod: str) -> int:
     deadline = time.monotonic() + 15
     while True:
         try:
-            found = stack.call(stack.core.read_namespaced_pod, pod, stack.namespace)
+            found = stack.call(stack.core.read_namespaced_pod, pod, job.namespace)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -340,18 +441,29 @@ def trainer_pid(stack: Stack, pod: str) -> int:
         time.sleep(0.5)
 
 
-def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
+class Broken(Exception):
+    """The fault found a promise broken on the spot: a violation, and the run goes on."""
+
+
+def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
+    """Injects ``fault``; returns what the timeline should add to its name ("" for nothing)."""
+    from kubernetes.client.rest import ApiException
+
     rank = rng.randrange(2)
-    pod = f"{name}-{rank}"
+    pod = f"{job.name}-{rank}"
     match fault:
         case "kill-rank":
-            os.kill(trainer_pid(stack, pod), signal.SIGKILL)
+            os.kill(trainer_pid(stack, job, pod), signal.SIGKILL)
         case "hang-rank":
-            os.kill(trainer_pid(stack, pod), signal.SIGSTOP)
+            os.kill(trainer_pid(stack, job, pod), signal.SIGSTOP)
         case "delete-pod":
-            stack.call(stack.core.delete_namespaced_pod, pod, stack.namespace)
+            stack.call(stack.core.delete_namespaced_pod, pod, job.namespace)
         case "kill-operator":
             stack.box_fault(stack.kill_operator)
+        case "kill-operator-at-point":
+            point = rng.choice(OPERATOR_POINTS)
+            stack.box_fault(lambda: stack.kill_operator(armed=point))
+            return f"armed at {point}"
         case "restart-kubelet":
             stack.box_fault(lambda: stack.restart(stack.box.node.kubelet))
         case "restart-apiserver":
@@ -360,21 +472,38 @@ def inject(stack: Stack, name: str, fault: str, rng: random.Random) -> None:
             stack.box_fault(lambda: stack.restart(stack.component("etcd"), pause=2.0))
         case "suspend-resume":
             patch = {"spec": {"runPolicy": {"suspend": True}}}
-            stack.patch_job(name, patch)
-            phase = wait("Suspended", lambda: (p := status(stack, name).get("phase")) in SUSPENDED_OR_OVER and p, 60)
+            stack.patch_job(job, patch)
+            phase = wait("Suspended", lambda: (p := status(stack, job).get("phase")) in SUSPENDED_OR_OVER and p, 60)
             patch["spec"]["runPolicy"]["suspend"] = False
-            stack.patch_job(name, patch)
+            stack.patch_job(job, patch)
             if phase != "Suspended":  # every rank had exited 0 before the operator saw the suspend
                 raise NotInjected(f"the job {phase} before the suspend took")
+        case "spec-edit":
+            # What may change while it runs does, and costs no restart; the pod template may not (CEL).
+            stack.patch_job(job, {"spec": {"progressDeadlineSeconds": 25, "runPolicy": {"backoffLimit": 6}}})
+            try:
+                stack.patch_job(job, {"spec": {"template": {"metadata": {"labels": {"chaos-edit": "yes"}}}}})
+            except ApiException as err:
+                if err.status != 422 or "spec.template cannot change" not in str(err.body):
+                    raise Broken(
+                        f"a template edit while running was refused otherwise: {err.status} {err.body}"
+                    ) from None
+            else:
+                raise Broken("a template edit while running was accepted")
+        case "delete-job":
+            stack.delete_job(job)
+        case "delete-namespace":
+            stack.call(stack.core.delete_namespace, job.namespace)
+    return ""
 
 
-def checkpoints_load(stack: Stack, claim: str) -> list[str]:
+def checkpoints_load(stack: Stack, job: JobRef) -> list[str]:
     """Every complete checkpoint in the claim's directory loads; returns what did not."""
     import torch
 
     from ddp_trainer import checkpoint
 
-    pvc = stack.call(stack.core.read_namespaced_persistent_volume_claim, claim, stack.namespace)
+    pvc = stack.call(stack.core.read_namespaced_persistent_volume_claim, job.claim, job.namespace)
     volume = stack.call(stack.core.read_persistent_volume, pvc.spec.volume_name)
     directory = volume.spec.host_path.path
     bad = []
@@ -386,15 +515,15 @@ def checkpoints_load(stack: Stack, claim: str) -> list[str]:
     return bad
 
 
-def children_left(stack: Stack, name: str) -> list[str]:
+def children_left(stack: Stack, job: JobRef) -> list[str]:
     """The job's pods, Service and PodGroups that still exist, each with what holds it (a deletion under way,
     a finalizer)."""
-    selector = f"ddpjob.dev/job-name={name}"
-    pods = stack.call(stack.core.list_namespaced_pod, stack.namespace, label_selector=selector).items
-    services = stack.call(stack.core.list_namespaced_service, stack.namespace, label_selector=selector).items
+    selector = f"ddpjob.dev/job-name={job.name}"
+    pods = stack.call(stack.core.list_namespaced_pod, job.namespace, label_selector=selector).items
+    services = stack.call(stack.core.list_namespaced_service, job.namespace, label_selector=selector).items
     groups = stack.call(
         stack.custom.list_namespaced_custom_object,
-        "scheduling.k8s.io", "v1beta1", stack.namespace, "podgroups", label_selector=selector,
+        "scheduling.k8s.io", "v1beta1", job.namespace, "podgroups", label_selector=selector,
     )["items"]  # fmt: skip
     left = [held("Pod", p.metadata.name, p.metadata.deletion_timestamp, p.metadata.finalizers) for p in pods]
     left += [held("Service", s.metadata.name, s.metadata.deletion_timestamp, s.metadata.finalizers) for s in services]
@@ -412,96 +541,142 @@ def held(kind: str, name: str, deleting: object, finalizers: list[str] | None) -
     )
 
 
-def names(seed: int, index: int) -> tuple[str, str]:
-    """A run's DDPJob and its checkpoints' PVC."""
-    return f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}"
+def names(seed: int, index: int, namespace: str) -> JobRef:
+    """A run's DDPJob and its checkpoints' PVC, in the namespace it was given."""
+    return JobRef(namespace, f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}")
 
 
-def one_run(stack: Stack, seed: int, index: int) -> Run:
+def drawn(seed: int, index: int) -> tuple[random.Random, list[str]]:
+    """A run's faults, in the order it injects them (a deletion last: it ends the run), and the generator
+    that goes on to draw their timing."""
     rng = random.Random(f"{seed}:{index}")
     faults = rng.sample(FAULTS, rng.randint(1, 3))
+    return rng, sorted(faults, key=lambda fault: fault in ENDING)
+
+
+def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
+    rng, faults = drawn(seed, index)
     result = Run(seed, index, faults)
-    name, claim = names(seed, index)
+    job = names(seed, index, namespace)
     started = time.monotonic()
     logged = len(stack.operator_log())  # what earlier runs left in the operator's log is theirs
+    exits = len(stack.exits)
+    deleted = ""
+    """The fault that deleted the job or its namespace, once injected."""
 
     def said(what: str) -> None:
         result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
 
     stack.call(
         stack.core.create_namespaced_persistent_volume_claim,
-        stack.namespace,
-        {"metadata": {"name": claim},
+        job.namespace,
+        {"metadata": {"name": job.claim},
          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
     )  # fmt: skip
-    stack.create_job(chaos_job(name, claim))
-    watchdog = Watchdog(stack, name)
+    stack.create_job(job, chaos_job(job.name, job.claim))
+    watchdog = Watchdog(stack, job)
     try:
         for fault in faults:
+            if deleted:
+                result.skipped.append(fault)
+                said(f"skipped {fault}: {deleted} came before it")
+                continue
             # A restarted gang that resumes near the end can finish from Rendezvous, never Running again.
-            attempt = wait("the job to run", lambda: (s := status(stack, name)).get("phase") in LIVE_OR_OVER and s, 300)
+            attempt = wait("the job to run", lambda: (s := status(stack, job)).get("phase") in LIVE_OR_OVER and s, 300)
             pause = rng.uniform(1.0, 6.0)  # drawn either way: a replay draws the same numbers
             if attempt["phase"] == "Running":
                 time.sleep(pause)
-            if status_now(stack, name).get("phase") != "Running":
+            if status_now(stack, job).get("phase") != "Running":
                 result.skipped.append(fault)
                 said(f"skipped {fault}: the job left Running before it")  # it finished
                 continue
             try:
-                inject(stack, name, fault, rng)
+                note = inject(stack, job, fault, rng)
             except NotInjected as err:
                 result.skipped.append(fault)
                 said(f"skipped {fault}: {err}")
                 continue
-            said(f"{fault} (attempt {attempt['attempt']})")
-            if fault in RESTARTING:
-                after = wait("the restart", restarted_or_over(stack, name, int(attempt["attempt"])), 120)
+            except Broken as err:
+                result.violations.append(str(err))
+                note = "broke a promise"
+            said(f"{fault}{f' {note}' if note else ''} (attempt {attempt['attempt']})")
+            if fault in ENDING:
+                deleted = fault
+            elif fault in RESTARTING:
+                after = wait("the restart", restarted_or_over(stack, job, int(attempt["attempt"])), 120)
                 same = int(after.get("attempt", 0)) == int(attempt["attempt"])
                 late = too_late(fault, after) if same and after.get("phase") == "Succeeded" else ""
                 if late:
                     result.skipped.append(fault)
                     said(f"{fault} came too late: {late}")
-        final = wait("the job to end", lambda: (s := status(stack, name)).get("phase") in ("Succeeded", "Failed") and s,
-                     300 + 60 * len(faults))  # fmt: skip
-        said(f"{final['phase']}")
-        result.outcome, result.restarts = final["phase"], int(final.get("restarts", -1))
-        result.step = int((final.get("progress") or {}).get("step") or -1)
+        if deleted:
+            result.outcome = "job deleted" if deleted == "delete-job" else "namespace deleted"
+        else:
+            over = ("Succeeded", "Failed")
+            final = wait(
+                "the job to end", lambda: (s := status(stack, job)).get("phase") in over and s, 300 + 60 * len(faults)
+            )
+            said(f"{final['phase']}")
+            result.outcome, result.restarts = final["phase"], int(final.get("restarts", -1))
+            result.step = int((final.get("progress") or {}).get("step") or -1)
     except TimeoutError as err:
         result.outcome = "timeout"
         result.violations.append(str(err))
     finally:
         result.violations += watchdog.stop()
-    events = stack.call(stack.core.list_namespaced_event, stack.namespace, field_selector=f"involvedObject.name={name}")
+    events = stack.call(
+        stack.core.list_namespaced_event, job.namespace, field_selector=f"involvedObject.name={job.name}"
+    )
     result.events = [f"{e.reason}: {e.message}" for e in events.items]
-    expected = sum(f in RESTARTING for f in faults if f not in result.skipped) + never_started(result.events)
+    result.violations += ended_as_promised(stack, job, result, deleted)
+    result.violations += stack.exits[exits:]
+    operator_log = stack.operator_log()[logged:]
+    if "Traceback" in operator_log:
+        result.violations.append("the operator logged a traceback")
+    if result.violations:
+        result.operator_log = log_excerpt(operator_log, job.name)
+        result.removals = audit.removals(stack.box.plane.audit_log, job.namespace, job.name)
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
+
+
+def ended_as_promised(stack: Stack, job: JobRef, result: Run, deleted: str) -> list[str]:
+    """What the run's end broke: the restarts and steps of a finished job, its checkpoints, and what deleting
+    it (the harness, or the fault that ended the run) left behind."""
+    violations = []
+    expected = sum(f in RESTARTING for f in result.faults if f not in result.skipped) + never_started(result.events)
     if result.outcome == "Succeeded":
         if result.restarts != expected:
-            result.violations.append(f"restarts {result.restarts}, expected {expected} (faults {faults})")
+            violations.append(f"restarts {result.restarts}, expected {expected} (faults {result.faults})")
         if result.step != STEPS:
-            result.violations.append(f"final step {result.step}, expected {STEPS}")
-        result.violations += checkpoints_load(stack, claim)
+            violations.append(f"final step {result.step}, expected {STEPS}")
     elif result.outcome == "Failed":
-        result.violations.append(f"the job failed: {status_now(stack, name).get('conditions')}")
-    stack.delete_job(name)
+        violations.append(f"the job failed: {status_now(stack, job).get('conditions')}")
+    if deleted != "delete-namespace":  # the namespace took the claim with it
+        violations += checkpoints_load(stack, job)
+    if not deleted:
+        stack.delete_job(job)
     left: list[str] = []
 
     def gone() -> bool:
-        left[:] = children_left(stack, name)
+        left[:] = children_left(stack, job)
         return not left
 
     try:
         wait_while_whole(stack, "the job's pods, Service and PodGroups to go", gone, GONE_SECONDS)
     except TimeoutError as err:
-        result.violations.append(f"{err}; left: {'; '.join(left)}")
-    stack.delete_claim(claim)
-    operator_log = stack.operator_log()[logged:]
-    if "Traceback" in operator_log:
-        result.violations.append("the operator logged a traceback")
-    if result.violations:
-        result.operator_log = log_excerpt(operator_log, name)
-        result.removals = audit.removals(stack.box.plane.audit_log, stack.namespace, name)
-    result.seconds = round(time.monotonic() - started, 1)
-    return result
+        violations.append(f"{err}; left: {'; '.join(left)}")
+    if deleted == "delete-namespace":
+        try:
+            wait_while_whole(
+                stack, f"namespace {job.namespace} to go", lambda: stack.namespace_gone(job.namespace),
+                NAMESPACE_GONE_SECONDS,
+            )  # fmt: skip
+        except TimeoutError as err:
+            violations.append(str(err))
+    else:
+        stack.delete_claim(job)
+    return violations
 
 
 def log_excerpt(log_text: str, name: str, lines: int = 200, tail: int = 3000) -> str:
@@ -513,8 +688,9 @@ def log_excerpt(log_text: str, name: str, lines: int = 200, tail: int = 3000) ->
 
 
 @contextmanager
-def chaos_stack() -> Iterator[Stack]:
-    """A box with its node and the trainer image, the CRD, a namespace and the operator."""
+def chaos_stack(parallel: int) -> Iterator[Stack]:
+    """A box with its node and the trainer image, the CRD, a namespace per run going on at once, and the
+    operator, watching those namespaces (the chart's namespaced mode)."""
     from bench.apiserver import Api
     from bench.operator_scale import apply_crd
     from ddpjob_box.box import Box
@@ -526,13 +702,11 @@ def chaos_stack() -> Iterator[Stack]:
         plane = box.plane
         assert plane is not None
         apply_crd(Api(plane.server, plane.admin_token, str(plane.ca_file)))
-        from kubernetes import client, config
-
-        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": "chaos"}})
-        api.close()
-        stack = Stack(box, "chaos", Path(tmp))
+        namespaces = [f"chaos-ns-{i}" for i in range(parallel)]
+        stack = Stack(box, namespaces, Path(tmp))
         try:
+            for namespace in namespaces:
+                stack.create_namespace(namespace)
             yield stack
         finally:
             stack.close()
@@ -562,16 +736,16 @@ class Overlaps:
 
 def guarded_run(stack: Stack, seed: int, index: int, overlaps: Overlaps) -> Run:
     """One run; a failure of the harness itself is kept as that run's violation, and the soak goes on."""
-    with overlaps.running(index):
+    with overlaps.running(index), stack.namespace_for_a_run() as namespace:
         try:
-            result = one_run(stack, seed, index)
+            result = one_run(stack, seed, index, namespace)
         except Exception as err:  # kept in the results, with the replay command
             failed = f"the harness failed: {type(err).__name__}: {err}"
             result = Run(seed, index, [], outcome="harness-error", violations=[failed])
-            name, claim = names(seed, index)
-            for delete, what in ((stack.delete_job, name), (stack.delete_claim, claim)):
+            job = names(seed, index, namespace)
+            for delete in (stack.delete_job, stack.delete_claim):
                 try:
-                    delete(what)
+                    delete(job)
                 except Exception:  # best effort: the box goes when the soak ends
                     pass
     result.alongside = sorted(overlaps.seen.get(index, set()))
@@ -602,8 +776,11 @@ def soak(stack: Stack, seed: int, runs: Sequence[int], out: Path, parallel: int 
     return sorted(results, key=lambda r: r.run)
 
 
-def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarted: Sequence[str] = ()) -> str:
-    """The faults by kind, then the totals; ``restarted``: the box's components that exited on their own."""
+def summary(
+    results: Sequence[Run], parallel: int, wall_seconds: float, restarted: Sequence[str] = (), fired: Sequence[str] = ()
+) -> str:
+    """The faults by kind, then the totals; ``restarted``: the box's components that exited on their own;
+    ``fired``: the points the armed operator exited at."""
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
     rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in FAULTS]
@@ -616,6 +793,7 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarte
     exits = Counter(name for name, _ in said)
     tail = ", ".join(f"{name} {count}" for name, count in sorted(exits.items())) or "none"
     causes = Counter((name, found.group(1)) for name, found in said if found)
+    points = ", ".join(f"{point} {count}" for point, count in sorted(Counter(fired).items())) or "none"
     why = "".join(f'\n- {name}, {count} times: "{error}"' for (name, error), count in sorted(causes.items()))
     return (
         head
@@ -623,6 +801,7 @@ def summary(results: Sequence[Run], parallel: int, wall_seconds: float, restarte
         + table(heads, total)
         + f"\n\nBox components that exited and were started again: {tail}."
         + (f"\nTheir last error before they exited:{why}" if why else "")
+        + f"\n\nThe armed operator exited at its point {len(fired)} times ({points})."
     )
 
 
@@ -641,13 +820,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--replay {args.replay}: the runs must share one seed")
         seed, runs, parallel = pairs[0][0], [run for _, run in pairs], len(pairs)
     started = time.monotonic()
-    with chaos_stack() as stack:
+    with chaos_stack(parallel) as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
         assert stack.box.plane is not None
-        restarted = list(stack.box.plane.restarted)
-    markdown = summary(results, parallel, time.monotonic() - started, restarted)
+        restarted, fired = list(stack.box.plane.restarted), list(stack.fired)
+    markdown = summary(results, parallel, time.monotonic() - started, restarted, fired)
     print(markdown)
-    data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted}
+    data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted, "fired": fired}
     write_results(NAME, {**data, "runs": [asdict(r) for r in results]}, markdown)
     if any(r.violations for r in results):
         raise SystemExit(1)

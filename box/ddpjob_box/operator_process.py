@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpjob_box.processes import spawn, tail
+from ddpjob_operator import faults as operator_faults
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class OperatorProcess:
-    """``namespaces`` empty: all of them. ``metrics_port`` 0 and ``liveness`` "": no servers."""
+    """``namespaces`` empty: all of them. ``metrics_port`` 0 and ``liveness`` "": no servers. ``faults``: the
+    points where it exits as if killed (``DDPJOB_FAULTS``, e.g. ``pod-created:2``), for crash tests."""
 
     def __init__(
         self,
@@ -30,6 +32,7 @@ class OperatorProcess:
         metrics_port: int = 0,
         liveness: str = "",
         workers: int = 0,
+        faults: str = "",
     ) -> None:
         self.log_path = log_path
         argv = [sys.executable, "-m", "ddpjob_operator", "operator"]
@@ -38,6 +41,7 @@ class OperatorProcess:
         if workers:
             argv += ["--workers", str(workers)]
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
+        env[operator_faults.ENV] = faults
         with open(log_path, "wb") as log:
             # In its own session: a Ctrl-C at the terminal reaches us, and we stop it in order.
             self.proc = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)

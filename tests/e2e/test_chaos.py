@@ -28,7 +28,7 @@ def test_a_short_seeded_chaos_soak_breaks_no_promise(
     cluster: Cluster, node: KubeletNode, kubectl: Kubectl, namespace: str, api_client: Any, tmp_path: Path
 ) -> None:
     assert cluster.box is not None
-    stack = Stack(cluster.box, namespace, tmp_path)
+    stack = Stack(cluster.box, [namespace], tmp_path)
     try:
         results = soak(stack, SEED, range(RUNS), tmp_path / "chaos.jsonl")
     finally:

@@ -11,7 +11,19 @@ from typing import Any, cast
 import pytest
 
 from bench import chaos
-from bench.chaos import Overlaps, Run, held, log_excerpt, never_started, summary, too_late, wait_while_whole
+from bench.chaos import (
+    ENDING,
+    FAULTS,
+    Overlaps,
+    Run,
+    drawn,
+    held,
+    log_excerpt,
+    never_started,
+    summary,
+    too_late,
+    wait_while_whole,
+)
 from bench.common import STOPPING, wait_until
 
 
@@ -42,21 +54,35 @@ def test_the_summary_counts_a_skipped_fault_apart_from_the_injected_ones() -> No
     assert "| kill-rank | 1 | 1 |" in text
     assert "| restart-etcd | 1 | 0 |" in text
     assert "| 3 | 3 | 1 | 2 | 1 | 1.5 min |" in text
-    assert text.endswith("started again: none.")
+    assert "started again: none.\n" in text
+    assert text.endswith("The armed operator exited at its point 0 times (none).")
     again = summary(
         runs, 3, 90, ["kube-scheduler exited with code 1 after 9s; ...", "kube-scheduler exited with code 1 ..."]
     )
-    assert again.endswith("started again: kube-scheduler 2."), again
+    assert "started again: kube-scheduler 2.\n" in again, again
     cache = "Pod updated on a different node than previously added to. Scheduler cache is corrupted"
     said = [
         f'kube-scheduler exited with code 1 after {s}s (its last error: "{cache}"); the box started it again ...'
         for s in (9, 70)
     ]
     causes = summary(runs, 3, 90, [*said, "etcd exited with code 2 after 1s; ..."])
-    assert causes.endswith(
+    assert (
         "started again: etcd 1, kube-scheduler 2.\n"
-        f'Their last error before they exited:\n- kube-scheduler, 2 times: "{cache}"'
-    ), causes
+        f'Their last error before they exited:\n- kube-scheduler, 2 times: "{cache}"\n'
+    ) in causes, causes
+    fired = summary(runs, 3, 90, fired=["pod-created:2", "pod-deleted:1", "pod-created:2"])
+    assert fired.endswith("exited at its point 3 times (pod-created:2 2, pod-deleted:1 1)."), fired
+
+
+def test_a_deletion_is_the_last_fault_of_its_run_and_every_kind_is_drawn() -> None:
+    seen = set()
+    for index in range(200):
+        _, faults = drawn(1, index)
+        seen.update(faults)
+        first = next((i for i, f in enumerate(faults) if f in ENDING), len(faults))
+        assert all(f in ENDING for f in faults[first:]), f"a fault after a deletion: {faults}"
+        assert 1 <= len(faults) <= 3 and len(set(faults)) == len(faults)
+    assert seen == set(FAULTS)
 
 
 def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it_begins() -> None:
