@@ -228,10 +228,13 @@ class Stack:
         try:
             yield namespace
         finally:
-            if self.namespace_gone(namespace):
-                self.create_namespace(namespace)
-            if not self.call(self.core.read_namespace, namespace).metadata.deletion_timestamp:
-                self.free.put(namespace)
+            try:
+                if self.namespace_gone(namespace):
+                    self.create_namespace(namespace)
+                if not self.call(self.core.read_namespace, namespace).metadata.deletion_timestamp:
+                    self.free.put(namespace)
+            except Exception as err:  # the soak goes on with one namespace fewer, and says so
+                log(f"namespace {namespace} is not handed out again: {type(err).__name__}: {err}")
 
     def _take(self) -> str:
         try:
