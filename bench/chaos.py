@@ -21,8 +21,9 @@ other runs' calls to the apiserver wait until it answers again. Then it checks:
 - never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s);
 - ``status.restarts`` equals the restart-causing faults injected (a killed, deleted or hung rank;
   suspend, a spec edit, the operator's, kubelet's, the apiserver's or etcd's restart cause none);
-- the job Succeeded, its final step is the configured steps, and every checkpoint left loads (after a
-  deletion: the checkpoints still load, unless the namespace took them);
+- the job Succeeded and its final step is the configured steps, or, when the faults that cost a restart
+  were more than its backoffLimit (0 in every 8th run), it Failed with BackoffLimitExceeded after that
+  many restarts; every checkpoint left loads (after a deletion too, unless the namespace took them);
 - the operator's log holds no traceback, and the operator never exited unless a fault made it;
 - once the job is deleted, no pod, Service or PodGroup of it is left after 60 s of a whole control plane
   (counted from 60 s after the end of the last box fault when that came later: informers back off that
@@ -81,6 +82,10 @@ OPERATOR_POINTS = ("pod-created:1", "pod-created:2", "pod-deleted:1")
 in whichever job's work brings it, between one rank's pod and the next, or mid gang restart."""
 NAMESPACE_GONE_SECONDS = 120
 """How long a deleted namespace may take to go while the control plane is whole (its pods' grace included)."""
+BACKOFF_LIMIT = 5
+SPARELESS_EVERY = 8
+"""Every 8th run's job has ``backoffLimit: 0``: a fault that costs a restart must end it Failed with
+BackoffLimitExceeded instead."""
 FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume", "spec-edit", *ENDING)
 
 
@@ -92,6 +97,9 @@ class Run:
     outcome: str = ""
     restarts: int = -1
     step: int = -1
+    reason: str = ""
+    """The reason on the condition the job ended with."""
+    backoff_limit: int = BACKOFF_LIMIT
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -112,7 +120,11 @@ class Run:
         return f"python -m bench.chaos --replay {together}"
 
 
-def chaos_job(name: str, claim: str) -> dict[str, Any]:
+def backoff_limit(index: int) -> int:
+    return 0 if index % SPARELESS_EVERY == SPARELESS_EVERY - 1 else BACKOFF_LIMIT
+
+
+def chaos_job(name: str, claim: str, backoff_limit: int) -> dict[str, Any]:
     args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
             "--log-interval", "5", "--steps", str(STEPS), "--checkpoint-interval", "10",
             "--slow-rank", "0", "--slow-seconds", "0.15", "--pg-timeout-seconds", "60"]  # fmt: skip
@@ -124,7 +136,7 @@ def chaos_job(name: str, claim: str) -> dict[str, Any]:
         "spec": {
             "replicas": 2,
             "progressDeadlineSeconds": 20,  # a hung (SIGSTOPped) rank is restarted well before the 60 s timeout
-            "runPolicy": {"backoffLimit": 5},
+            "runPolicy": {"backoffLimit": backoff_limit},
             "checkpoint": {"claimName": claim},
             "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container]}},
         },
@@ -483,7 +495,9 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
                 raise NotInjected(f"the job {phase} before the suspend took")
         case "spec-edit":
             # What may change while it runs does, and costs no restart; the pod template may not (CEL).
-            stack.patch_job(job, {"spec": {"progressDeadlineSeconds": 25, "runPolicy": {"backoffLimit": 6}}})
+            stack.patch_job(
+                job, {"spec": {"progressDeadlineSeconds": 25, "runPolicy": {"ttlSecondsAfterFinished": 3600}}}
+            )
             try:
                 stack.patch_job(job, {"spec": {"template": {"metadata": {"labels": {"chaos-edit": "yes"}}}}})
             except ApiException as err:
@@ -559,7 +573,7 @@ def drawn(seed: int, index: int) -> tuple[random.Random, list[str]]:
 
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     rng, faults = drawn(seed, index)
-    result = Run(seed, index, faults)
+    result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
     job = names(seed, index, namespace)
     started = time.monotonic()
     logged = len(stack.operator_log())  # what earlier runs left in the operator's log is theirs
@@ -576,7 +590,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         {"metadata": {"name": job.claim},
          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
     )  # fmt: skip
-    stack.create_job(job, chaos_job(job.name, job.claim))
+    stack.create_job(job, chaos_job(job.name, job.claim, result.backoff_limit))
     watchdog = Watchdog(stack, job)
     try:
         for fault in faults:
@@ -622,6 +636,8 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
             said(f"{final['phase']}")
             result.outcome, result.restarts = final["phase"], int(final.get("restarts", -1))
             result.step = int((final.get("progress") or {}).get("step") or -1)
+            ended = [c for c in final.get("conditions") or [] if c.get("type") == final["phase"]]
+            result.reason = str(ended[0].get("reason", "")) if ended else ""
     except TimeoutError as err:
         result.outcome = "timeout"
         result.violations.append(str(err))
@@ -643,18 +659,32 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     return result
 
 
+def outcome_as_promised(result: Run) -> list[str]:
+    """A job that ran to its end: Succeeded at the last step with a restart per fault that costs one, or, when
+    those were more than its backoffLimit, Failed with BackoffLimitExceeded after that many restarts."""
+    if result.outcome not in ("Succeeded", "Failed"):
+        return []  # deleted, or timed out (already a violation)
+    expected = sum(f in RESTARTING for f in result.faults if f not in result.skipped) + never_started(result.events)
+    limit = result.backoff_limit
+    if expected > limit:
+        if (result.outcome, result.reason) != ("Failed", Reason.BACKOFF):
+            return [f"{result.outcome} ({result.reason}), expected Failed ({Reason.BACKOFF}): faults {result.faults} "
+                    f"cost {expected} restarts, backoffLimit {limit}"]  # fmt: skip
+        return [] if result.restarts == limit else [f"restarts {result.restarts}, expected {limit} before it failed"]
+    violations = []
+    if result.outcome == "Failed":
+        violations.append(f"the job failed ({result.reason}): faults {result.faults}, backoffLimit {limit}")
+    elif result.restarts != expected:
+        violations.append(f"restarts {result.restarts}, expected {expected} (faults {result.faults})")
+    if result.outcome == "Succeeded" and result.step != STEPS:
+        violations.append(f"final step {result.step}, expected {STEPS}")
+    return violations
+
+
 def ended_as_promised(stack: Stack, job: JobRef, result: Run, deleted: str) -> list[str]:
     """What the run's end broke: the restarts and steps of a finished job, its checkpoints, and what deleting
     it (the harness, or the fault that ended the run) left behind."""
-    violations = []
-    expected = sum(f in RESTARTING for f in result.faults if f not in result.skipped) + never_started(result.events)
-    if result.outcome == "Succeeded":
-        if result.restarts != expected:
-            violations.append(f"restarts {result.restarts}, expected {expected} (faults {result.faults})")
-        if result.step != STEPS:
-            violations.append(f"final step {result.step}, expected {STEPS}")
-    elif result.outcome == "Failed":
-        violations.append(f"the job failed: {status_now(stack, job).get('conditions')}")
+    violations = outcome_as_promised(result)
     if deleted != "delete-namespace":  # the namespace took the claim with it
         violations += checkpoints_load(stack, job)
     if not deleted:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.chaos import FAULTS, Stack, drawn, soak
+from bench.chaos import FAULTS, RESTARTING, Stack, backoff_limit, drawn, soak
 from ddpjob_box.kubenode.node import KubeletNode
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl
@@ -22,12 +22,14 @@ from tests.e2e.conftest import Kubectl
 pytestmark = pytest.mark.e2e
 
 SEED = 1
-RUNS = (1, 6, 38, 46)
-"""Four runs of seed 1 that draw every kind of fault between them (make soak draws 200)."""
+RUNS = (6, 31, 41, 96)
+"""Four runs of seed 1 that draw every kind of fault between them (make soak draws 200); in run 31 a killed
+rank finds no restart to spare (backoffLimit 0), so it must end Failed with BackoffLimitExceeded."""
 
 
-def test_the_short_set_draws_every_kind_of_fault() -> None:
+def test_the_short_set_draws_every_kind_of_fault_and_exceeds_a_backoff_limit() -> None:
     assert {f for run in RUNS for f in drawn(SEED, run)[1]} == set(FAULTS), "choose RUNS again"
+    assert any(backoff_limit(run) == 0 and drawn(SEED, run)[1][0] in RESTARTING for run in RUNS), "choose RUNS again"
 
 
 def test_a_short_seeded_chaos_soak_breaks_no_promise(

@@ -14,12 +14,15 @@ from bench import chaos
 from bench.chaos import (
     ENDING,
     FAULTS,
+    STEPS,
     Overlaps,
     Run,
+    backoff_limit,
     drawn,
     held,
     log_excerpt,
     never_started,
+    outcome_as_promised,
     summary,
     too_late,
     wait_while_whole,
@@ -190,3 +193,32 @@ def test_an_interrupted_soak_stops_its_runs_waits_at_once(monkeypatch: pytest.Mo
     finally:
         STOPPING.clear()
     assert time.monotonic() - started < 5
+
+
+def test_a_job_with_no_restart_to_spare_must_fail_with_backoff_limit_exceeded() -> None:
+    def ended(outcome: str, reason: str, restarts: int, faults: list[str], limit: int, **more: Any) -> list[str]:
+        return outcome_as_promised(
+            Run(
+                1, 7, faults, outcome=outcome, reason=reason, restarts=restarts, step=STEPS, backoff_limit=limit, **more
+            )
+        )
+
+    assert ended("Failed", "BackoffLimitExceeded", 0, ["kill-rank"], 0) == []
+    assert ended("Failed", "BackoffLimitExceeded", 0, ["hang-rank", "restart-etcd"], 0) == []
+    assert ended("Succeeded", "AllRanksSucceeded", 0, ["restart-etcd"], 0) == []
+    assert ended("Succeeded", "AllRanksSucceeded", 1, ["kill-rank"], 5) == []
+    assert ended("Succeeded", "AllRanksSucceeded", 0, ["kill-rank"], 0, skipped=["kill-rank"]) == [], "too late"
+    [restarted] = ended("Succeeded", "AllRanksSucceeded", 1, ["kill-rank"], 0)
+    assert "expected Failed (BackoffLimitExceeded)" in restarted and "backoffLimit 0" in restarted
+    [other] = ended("Failed", "NonRetryableFailure", 0, ["kill-rank"], 0)
+    assert "Failed (NonRetryableFailure), expected Failed (BackoffLimitExceeded)" in other
+    [failed] = ended("Failed", "BackoffLimitExceeded", 1, ["kill-rank"], 5)
+    assert "the job failed (BackoffLimitExceeded)" in failed
+    assert ended("job deleted", "", -1, ["kill-rank", "delete-job"], 0) == []
+    starts = ["RetryableFailure: init container exited with code 128 (StartError: failed to start ...)"]
+    assert ended("Failed", "BackoffLimitExceeded", 0, ["restart-kubelet"], 0, events=starts) == [], "a kubelet restart"
+
+
+def test_every_eighth_run_has_no_restart_to_spare() -> None:
+    limits = [backoff_limit(index) for index in range(16)]
+    assert limits == [5] * 7 + [0] + [5] * 7 + [0]
