@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chart.helm import CHART, kubectl
+from tests.chart.helm import CHART, kubectl, wait_established
 from tests.conftest import Cluster
 
 
@@ -13,5 +13,5 @@ def crd(cluster: Cluster) -> str:
     """The DDPJob CRD, established (kubectl resolves ddpjobs.ddpjob.dev only once it is served)."""
     path = CHART / "crds" / "ddpjob.yaml"
     kubectl(cluster.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kubectl(cluster.kubeconfig, "wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
+    wait_established(cluster.kubeconfig, "ddpjobs.ddpjob.dev")
     return "ddpjobs.ddpjob.dev"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,21 @@ def helm(*args: str, kubeconfig: Path | None = None, check: bool = True) -> subp
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run([kubectl_binary(), f"--kubeconfig={kubeconfig}", *args], check=check)
+
+
+def wait_established(kubeconfig: Path, crd: str, timeout: float = 60) -> None:
+    """Wait until ``crd`` is Established. ``kubectl wait --for=condition=Established`` fails at once instead of
+    waiting when the CRD is so new that it has no status.conditions yet (kubernetes/kubernetes#66439:
+    ".status.conditions accessor error: <nil> is of the type <nil>"), which a first apply meets now and then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(kubectl(kubeconfig, "get", f"crd/{crd}", "-o", "json").stdout).get("status") or {}
+        conditions = status.get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"crd/{crd} is not Established after {timeout:.0f} s: {conditions}", pytrace=False)
+        time.sleep(0.2)
 
 
 def promtool() -> str:

@@ -12,6 +12,7 @@ import pytest
 from ddpjob_box import toolchain
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.operator_process import OperatorProcess
+from tests.chart.helm import wait_established
 from tests.conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ class Kubectl:
 def kubectl(cluster: Cluster) -> Kubectl:
     run = Kubectl(cluster.kubeconfig)
     run("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    run("wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s")
+    wait_established(cluster.kubeconfig, "ddpjobs.ddpjob.dev")
     return run
 
 
