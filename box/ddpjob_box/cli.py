@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import signal
 import sys
@@ -40,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
+    # A temporary data dir only when none is given: a box killed outright leaves it (the next box sweeps it).
+    temp: contextlib.AbstractContextManager[str] = (
+        contextlib.nullcontext("") if args.data_dir else tempfile.TemporaryDirectory(prefix="ddpjob-box-")
+    )
+    with temp as tmp:
         data_dir = args.data_dir or Path(tmp) / "box"
         box = Box(
             data_dir=data_dir,

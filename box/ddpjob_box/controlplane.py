@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import ssl
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +31,9 @@ from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
 from ddpjob_contract.pods import POD_GROUP_API
 
 LOCK_FILE = "box.pid"
+# The temporary directories that the tests, the benchmarks and `python -m ddpjob_box` make for a box; a
+# killed one is swept when the next box starts (sweep_killed_boxes).
+TEMP_PREFIXES = ("ddpjob-box-", "ddpjob-chaos-", "ddpjob-gang-", "ddpjob-bench-")
 SERVICE_CIDR = "10.0.0.0/24"
 
 
@@ -39,14 +44,53 @@ def _process_start_time(pid: int) -> str:
         return ""
 
 
+def _lock_owner(lock: Path) -> tuple[int, bool]:
+    """The pid in a data directory's lock, and whether that process still runs (the same one: its start time)."""
+    owner = lock.read_text().split()
+    pid = int(owner[0]) if owner and owner[0].isdigit() else -1
+    started = owner[1] if len(owner) > 1 else ""
+    return pid, pid > 0 and not exited(pid) and _process_start_time(pid) == started
+
+
+def _undo(data_dir: Path) -> None:
+    """Put back what the nodes of a killed box changed on the host, then remove its data directory."""
+    from ddpjob_box.kubenode.node import RECORD, recover
+
+    for record in data_dir.glob(f"*/{RECORD}"):
+        recover(record.parent)  # a killed node's pods, shims, mounts, cgroups, bridge and chains
+    shutil.rmtree(data_dir)
+
+
+def sweep_killed_boxes(root: Path, prefixes: tuple[str, ...] = TEMP_PREFIXES) -> list[Path]:
+    """Undo the temporary boxes under ``root`` whose process was killed outright (a SIGKILL of the whole
+    session, which no ``finally`` sees): their nodes' host state and their directories. A box still
+    running, or one not yet holding its lock, is left alone. Returns the directories removed."""
+    swept = []
+    for lock in sorted(root.glob(f"*/*/{LOCK_FILE}")):
+        temp = lock.parent.parent
+        if temp.parent != root or not temp.name.startswith(prefixes):
+            continue
+        pid, alive = _lock_owner(lock)
+        if alive:
+            continue
+        try:
+            _undo(lock.parent)
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            print(f"box: could not undo the killed box in {temp} (pid {pid}): {err}; remove it by hand",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        shutil.rmtree(temp, ignore_errors=True)
+        print(f"box: removed what a killed box (pid {pid}) left: {temp} and its node's host state", file=sys.stderr)
+        swept.append(temp)
+    return swept
+
+
 def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
     """Take the data directory for this process, refusing one in use and explaining a stale one."""
     lock = data_dir / LOCK_FILE
     if lock.exists():
-        owner = lock.read_text().split()
-        pid = int(owner[0]) if owner and owner[0].isdigit() else -1
-        started = owner[1] if len(owner) > 1 else ""
-        if pid > 0 and pid != os.getpid() and not exited(pid) and _process_start_time(pid) == started:
+        pid, alive = _lock_owner(lock)
+        if alive and pid != os.getpid():
             raise BoxError(
                 f"data directory {data_dir} is in use by a running box (pid {pid}): stop that box "
                 "(Ctrl-C in its terminal) or choose another --data-dir"
@@ -62,11 +106,7 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
             "or choose another --data-dir"
         )
     if data_dir.exists():
-        from ddpjob_box.kubenode.node import RECORD, recover
-
-        for record in data_dir.glob(f"*/{RECORD}"):
-            recover(record.parent)  # a killed node's pods, shims, mounts, cgroups, bridge and chains
-        shutil.rmtree(data_dir)
+        _undo(data_dir)
     data_dir.mkdir(parents=True)
     lock.write_text(f"{os.getpid()} {_process_start_time(os.getpid())}\n")
 
@@ -127,6 +167,7 @@ class ControlPlane:
         if self.apiserver_port is not None:
             require_free(self.apiserver_port, "kube-apiserver")
         bins = toolchain.ensure(toolchain.kubernetes_build())
+        sweep_killed_boxes(Path(tempfile.gettempdir()))
         claim_data_dir(self.data_dir, reset=self.reset)
         try:
             self._start(bins)

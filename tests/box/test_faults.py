@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_box import images, toolchain
-from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir
+from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir, sweep_killed_boxes
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import RECORD
 from ddpjob_box.processes import exited
@@ -105,6 +105,35 @@ def test_a_data_dir_left_by_a_killed_run_is_explained_and_reset_on_request(tmp_p
     assert (data_dir / LOCK_FILE).read_text().split()[0] == str(os.getpid())
 
 
+def test_the_temp_dir_of_a_box_killed_outright_is_swept_and_no_other(tmp_path: Path) -> None:
+    """A SIGKILL of the whole session runs no ``finally``: the next box to start undoes what that one left."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        start = Path(f"/proc/{live.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        owners = {
+            "ddpjob-chaos-killed": f"{dead.pid} 0",
+            "ddpjob-box-running": f"{live.pid} {start}",
+            "ddpjob-box-reused-pid": f"{live.pid} 0",  # the pid now names another process
+            "someone-elses-killed": f"{dead.pid} 0",  # not a box's temp dir
+            "ddpjob-box-starting": "",  # no lock yet: a box between mkdtemp and its claim
+        }
+        for name, owner in owners.items():
+            (tmp_path / name / "box" / "etcd").mkdir(parents=True)
+            if owner:
+                (tmp_path / name / "box" / LOCK_FILE).write_text(owner + "\n")
+        swept = sweep_killed_boxes(tmp_path)
+        assert sorted(p.name for p in swept) == ["ddpjob-box-reused-pid", "ddpjob-chaos-killed"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "ddpjob-box-running", "ddpjob-box-starting", "someone-elses-killed"
+        ]  # fmt: skip
+        assert live.poll() is None, "the box never kills a process it did not start"
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_a_data_dir_in_use_by_a_live_box_is_refused_and_that_box_is_left_alone(tmp_path: Path) -> None:
     data_dir = tmp_path / "box"
     data_dir.mkdir()
@@ -136,14 +165,16 @@ def test_a_component_that_dies_at_startup_is_named_with_its_log_tail(tmp_path: P
 
 @pytest.fixture
 def box_data_dir() -> Iterator[Path]:
-    # Short: kubelet's sockets under the data directory must fit a unix socket address (107 bytes).
-    data_dir = Path(tempfile.mkdtemp(prefix="ddpj-")) / "box"
+    # Short: kubelet's sockets under the data directory must fit a unix socket address (107 bytes). Laid out
+    # as a box's temp dir (``ddpjob-box-*/box``) under a root of its own, for sweep_killed_boxes.
+    root = Path(tempfile.mkdtemp(prefix="ddpj-"))
+    data_dir = root / "ddpjob-box-t" / "box"
     yield data_dir
     for pid in _processes_mentioning(str(data_dir)):  # only ours: their command lines name our temp dir
         os.kill(pid, signal.SIGKILL)
     if data_dir.exists():
         claim_data_dir(data_dir, reset=True)  # a killed box's node: its pods, shims, bridge, cgroups and chains
-    shutil.rmtree(data_dir.parent)
+    shutil.rmtree(root)
 
 
 class Output:
@@ -262,9 +293,12 @@ def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_di
     proc.kill()
     proc.wait()
     # PR_SET_PDEATHSIG stops the children of a killed box; the pod lives on under its containerd shim (by
-    # design: a kubelet restart must not kill pods), until --reset undoes the node the box recorded.
+    # design: a kubelet restart must not kill pods), until --reset, or the next box's start, undoes the node
+    # the box recorded (tests/box/test_kubelet_node_recovery.py compares the host before and after --reset).
     assert _wait_gone(box_data_dir, 10) == [pod_pid], "only the pod outlives the killed box"
     assert (box_data_dir / "kubenode" / RECORD).exists(), "the node recorded what to clean up after a kill"
-    claim_data_dir(box_data_dir, reset=True)
-    assert exited(pod_pid), "--reset kills a killed box's pods"
+    temp = box_data_dir.parent
+    assert sweep_killed_boxes(temp.parent) == [temp], "what the next box to start does"
+    assert exited(pod_pid), "the sweep kills a killed box's pods"
     assert _wait_gone(box_data_dir, 10) == []
+    assert not temp.exists()
