@@ -236,7 +236,7 @@ class Stack:
     def namespace_for_a_run(self) -> Iterator[str]:
         """A namespace no other run uses meanwhile; made again after, when the run deleted it. One still
         terminating after its run is not handed out again (that run says why)."""
-        namespace = wait("a namespace free for the run", lambda: self._take(), 900)
+        namespace = wait("a namespace free for the run", self._take, 900)
         try:
             yield namespace
         finally:

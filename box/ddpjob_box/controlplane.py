@@ -44,6 +44,11 @@ def _process_start_time(pid: int) -> str:
         return ""
 
 
+def lock_line(pid: int) -> str:
+    """What a data directory's lock holds for process ``pid``: its pid and start time (a reused pid differs)."""
+    return f"{pid} {_process_start_time(pid)}\n"
+
+
 def _lock_owner(lock: Path) -> tuple[int, bool]:
     """The pid in a data directory's lock, and whether that process still runs (the same one: its start time)."""
     owner = lock.read_text().split()
@@ -68,7 +73,7 @@ def sweep_killed_boxes(root: Path, prefixes: tuple[str, ...] = TEMP_PREFIXES) ->
     swept = []
     for lock in sorted(root.glob(f"*/*/{LOCK_FILE}")):
         temp = lock.parent.parent
-        if temp.parent != root or not temp.name.startswith(prefixes):
+        if not temp.name.startswith(prefixes):
             continue
         pid, alive = _lock_owner(lock)
         if alive:
@@ -108,7 +113,7 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
     if data_dir.exists():
         _undo(data_dir)
     data_dir.mkdir(parents=True)
-    lock.write_text(f"{os.getpid()} {_process_start_time(os.getpid())}\n")
+    lock.write_text(lock_line(os.getpid()))
 
 
 @dataclass

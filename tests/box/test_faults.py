@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_box import images, toolchain
-from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir, sweep_killed_boxes
+from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir, lock_line, sweep_killed_boxes
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import RECORD
 from ddpjob_box.processes import exited
@@ -111,18 +111,17 @@ def test_the_temp_dir_of_a_box_killed_outright_is_swept_and_no_other(tmp_path: P
     dead.wait()
     live = subprocess.Popen(["sleep", "60"])
     try:
-        start = Path(f"/proc/{live.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
         owners = {
-            "ddpjob-chaos-killed": f"{dead.pid} 0",
-            "ddpjob-box-running": f"{live.pid} {start}",
-            "ddpjob-box-reused-pid": f"{live.pid} 0",  # the pid now names another process
-            "someone-elses-killed": f"{dead.pid} 0",  # not a box's temp dir
+            "ddpjob-chaos-killed": f"{dead.pid} 0\n",
+            "ddpjob-box-running": lock_line(live.pid),
+            "ddpjob-box-reused-pid": f"{live.pid} 0\n",  # the pid now names another process
+            "someone-elses-killed": f"{dead.pid} 0\n",  # not a box's temp dir
             "ddpjob-box-starting": "",  # no lock yet: a box between mkdtemp and its claim
         }
         for name, owner in owners.items():
             (tmp_path / name / "box" / "etcd").mkdir(parents=True)
             if owner:
-                (tmp_path / name / "box" / LOCK_FILE).write_text(owner + "\n")
+                (tmp_path / name / "box" / LOCK_FILE).write_text(owner)
         swept = sweep_killed_boxes(tmp_path)
         assert sorted(p.name for p in swept) == ["ddpjob-box-reused-pid", "ddpjob-chaos-killed"]
         assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -139,8 +138,7 @@ def test_a_data_dir_in_use_by_a_live_box_is_refused_and_that_box_is_left_alone(t
     data_dir.mkdir()
     live = subprocess.Popen(["sleep", "60"])
     try:
-        start = Path(f"/proc/{live.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        (data_dir / LOCK_FILE).write_text(f"{live.pid} {start}\n")
+        (data_dir / LOCK_FILE).write_text(lock_line(live.pid))
         with pytest.raises(BoxError, match=rf"in use by a running box \(pid {live.pid}\)"):
             claim_data_dir(data_dir, reset=True)
         assert live.poll() is None, "the box never kills a process it did not start"

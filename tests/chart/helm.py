@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from ddpjob_box import toolchain
+from tests.e2e.kube import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "ddpjob"
@@ -59,15 +59,12 @@ def wait_established(kubeconfig: Path, crd: str, timeout: float = 60) -> None:
     """Wait until ``crd`` is Established. ``kubectl wait --for=condition=Established`` fails at once instead of
     waiting when the CRD is so new that it has no status.conditions yet (kubernetes/kubernetes#66439:
     ".status.conditions accessor error: <nil> is of the type <nil>"), which a first apply meets now and then."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def established() -> bool:
         status = json.loads(kubectl(kubeconfig, "get", f"crd/{crd}", "-o", "json").stdout).get("status") or {}
-        conditions = status.get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"crd/{crd} is not Established after {timeout:.0f} s: {conditions}", pytrace=False)
-        time.sleep(0.2)
+        return any(c["type"] == "Established" and c["status"] == "True" for c in status.get("conditions") or [])
+
+    wait_for(f"crd/{crd} to be Established", established, timeout, interval=0.2)
 
 
 def promtool() -> str:
