@@ -81,7 +81,13 @@ class ModelConfig(_Section):
     channels_last: bool = field(
         default=False, metadata=doc("Use the channels_last memory format (faster convolutions on GPU).")
     )
-    compile: bool = field(default=False, metadata=doc("Wrap the model in torch.compile."))
+    compile: bool = field(
+        default=False,
+        metadata=doc(
+            "Compile the model with torch.compile (inside the DDP wrapper). Step 1 then includes the compilation; "
+            "a model that fails to compile trains eagerly after one warning line."
+        ),
+    )
 
     def validate(self) -> None:
         self._at_least("image_size", 8)
@@ -174,6 +180,13 @@ class DistConfig(_Section):
         ),
     )
     bucket_cap_mb: float = field(default=25.0, metadata=doc("DDP gradient bucket size in MiB."))
+    static_graph: bool = field(
+        default=False,
+        metadata=doc(
+            "DDP static_graph: the model uses the same parameters every step, so DDP may skip its per-step "
+            "search for unused ones. It refuses models whose graph changes between steps; off by default."
+        ),
+    )
     pg_timeout_seconds: float = field(
         default=300.0,
         metadata=doc("Collective timeout; a rank waiting longer for a peer exits with the retryable code."),
