@@ -126,6 +126,40 @@ def prometheus_build() -> GoBuild:
     )
 
 
+def kueue_version() -> str:
+    """The Kueue release tools/kueue/go.mod pins (e.g. v0.17.0)."""
+    return _required_version("kueue", "sigs.k8s.io/kueue")
+
+
+def kueue_build() -> GoBuild:
+    """Kueue's manager, for the box's --kueue mode; its chart and CRDs come from the same module
+    (kueue_module_dir)."""
+    kueue = kueue_version()
+    return GoBuild(
+        module_dir="kueue",
+        key=f"kueue-{kueue}",
+        packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+        # What Kueue's own Makefile sets; the manager logs it at start and in its metrics.
+        ldflags=f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={kueue}",
+    )
+
+
+def kueue_module_dir() -> Path:
+    """Kueue's module source (its chart lives under charts/kueue), downloaded by the Go toolchain into its cache."""
+    kueue = kueue_version()
+    proc = subprocess.run(
+        [_go(), "mod", "download", "-json", f"sigs.k8s.io/kueue@{kueue}"],
+        cwd=TOOLS_DIR / "kueue",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = re.search(r'"Dir":\s*"([^"]+)"', proc.stdout)
+    if proc.returncode != 0 or not match:
+        raise BoxError(_explain_go_failure(f"sigs.k8s.io/kueue@{kueue}", proc.stderr or proc.stdout))
+    return Path(match.group(1))
+
+
 def _go() -> str:
     go = shutil.which("go")
     if go is None:
@@ -195,7 +229,14 @@ def main() -> None:
     import sys
 
     try:
-        builds = (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build(), prometheus_build())
+        builds = (
+            kubernetes_build(),
+            kubernetes_node_build(),
+            coredns_build(),
+            helm_build(),
+            prometheus_build(),
+            kueue_build(),
+        )
         for build in builds:
             paths = ensure(build)
             print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
