@@ -12,6 +12,8 @@ class Phase(StrEnum):
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"
+    """Waiting for Kueue to admit its Workload (or evicted by Kueue, and waiting again): no pod exists."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -31,6 +33,7 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     STRAGGLER_DETECTED = "StragglerDetected"
     GANG_SCHEDULING = "GangScheduling"
+    QUEUED = "Queued"
 
 
 class Reason(StrEnum):
@@ -66,3 +69,7 @@ class Reason(StrEnum):
     GANG_NOT_SERVED = "PodGroupNotServed"
     GANG_DISABLED = "GangSchedulingDisabled"
     GANG_UNAVAILABLE = "GangSchedulingUnavailable"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "EvictedByKueue"
+    KUEUE_NOT_INSTALLED = "KueueNotInstalled"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ddpjob_contract import kueue
 from ddpjob_contract.pods import RESERVED_ENV
 
 GROUP = "ddpjob.dev"
@@ -47,7 +48,7 @@ DEFAULT_STRAGGLER_FACTOR = 2.0
 DEFAULT_STRAGGLER_WINDOW_SECONDS = 60
 MAX_STRAGGLER_FACTOR = 1000.0
 # Spec fields that pods are not built from: editable at any time, left out of the spec hash.
-UNBUILT_FIELDS = frozenset({"runPolicy", "progressDeadlineSeconds", "straggler"})
+UNBUILT_FIELDS = frozenset({"runPolicy", "progressDeadlineSeconds", "straggler", "minReplicas"})
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -130,6 +131,8 @@ class JobSpec:
     """Restart the gang (NoProgress) when no rank advances its step for this long; None: never."""
     straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
     gang_scheduling: GangScheduling = GangScheduling.AUTO
+    min_replicas: int | None = None
+    """Under Kueue: the fewest ranks the job may run with when the quota admits fewer than ``replicas``."""
     spec_hash: str = ""
     """Hash of the fields pods are built from (replicas, template, ports, checkpoint...)."""
 
@@ -149,6 +152,10 @@ class Job:
     uid: str
     generation: int
     spec: JobSpec
+    queue: str = ""
+    """The Kueue LocalQueue that queues the job (its kueue.x-k8s.io/queue-name label); empty: not queued."""
+    priority_class: str = ""
+    """The WorkloadPriorityClass named by its kueue.x-k8s.io/priority-class label."""
 
 
 def _int(spec: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int, path: str) -> int | None:
@@ -305,6 +312,7 @@ def parse_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         progress_deadline_seconds=_int(spec, "progressDeadlineSeconds", None, 1, 2**31 - 1, "spec"),
         straggler=_straggler(spec.get("straggler")),
         gang_scheduling=_gang_scheduling(spec.get("gangScheduling")),
+        min_replicas=_int(spec, "minReplicas", None, 1, replicas, "spec"),
         spec_hash=spec_hash(spec),
     )
 
@@ -313,10 +321,13 @@ def parse_job(body: Mapping[str, Any]) -> Job:
     """Turn a DDPJob body (a dict from the API) into a typed Job; SpecError names the bad field."""
     meta = _mapping(body.get("metadata"), "metadata")
     name = str(meta.get("name", ""))
+    labels = _mapping(meta.get("labels"), "metadata.labels")
     return Job(
         namespace=str(meta.get("namespace", "")),
         name=name,
         uid=str(meta.get("uid", "")),
         generation=int(meta.get("generation") or 0),
         spec=parse_spec(name, _mapping(body.get("spec"), "spec")),
+        queue=str(labels.get(kueue.LABEL_QUEUE_NAME) or ""),
+        priority_class=str(labels.get(kueue.LABEL_PRIORITY_CLASS) or ""),
     )

@@ -6,8 +6,10 @@ Nothing here talks to a cluster; every function is data in, data out.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
+from ddpjob_contract import kueue
 from ddpjob_contract.pods import (
     ANNOTATION_SPEC_HASH,
     DEFAULT_TERMINATION_MESSAGE_PATH,
@@ -36,6 +38,7 @@ from ddpjob_contract.pods import (
 )
 from ddpjob_operator import api, wait_for_master
 from ddpjob_operator.api import Job
+from ddpjob_operator.queueing import workload_name
 
 
 def pod_name(job_name: str, rank: int) -> str:
@@ -217,6 +220,45 @@ def pod(job: Job, rank: int, attempt: int, *, gang: bool) -> dict[str, Any]:
             "namespace": job.namespace,
             "labels": labels,
             "annotations": annotations,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The WorkloadPriorityClass a job names, and its value."""
+
+    name: str
+    value: int
+
+
+def workload(job: Job, priority: Priority | None) -> dict[str, Any]:
+    """The job's Kueue Workload: one pod set of every rank (``count`` = replicas, ``minCount`` = minReplicas),
+    from rank 0's pod as built, in the job's LocalQueue; owned by the job, held by Kueue's finalizer."""
+    rank0 = pod(job, 0, 0, gang=False)
+    meta = rank0["metadata"]
+    pod_set: dict[str, Any] = {
+        "name": kueue.POD_SET,
+        "count": job.spec.replicas,
+        # A Workload's template may carry only labels and annotations of the pod's metadata.
+        "template": {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}, "spec": rank0["spec"]},
+    }
+    if job.spec.min_replicas is not None and job.spec.min_replicas < job.spec.replicas:
+        pod_set["minCount"] = job.spec.min_replicas
+    spec: dict[str, Any] = {"queueName": job.queue, "podSets": [pod_set]}
+    if priority is not None:
+        spec["priorityClassRef"] = {"group": kueue.GROUP, "kind": "WorkloadPriorityClass", "name": priority.name}
+        spec["priority"] = priority.value
+    return {
+        "apiVersion": kueue.API_VERSION,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job.name, job.uid),
+            "namespace": job.namespace,
+            "labels": {**selector(job.name), kueue.LABEL_JOB_UID: job.uid},
+            "finalizers": [kueue.FINALIZER],
             "ownerReferences": [owner_reference(job)],
         },
         "spec": spec,

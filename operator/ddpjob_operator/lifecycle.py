@@ -16,23 +16,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import exit_messages, progress
+from ddpjob_operator import exit_messages, progress, progress_fold, queueing
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import (
+    admission,
     cleanup,
     deadline,
     exit_grace,
     gang,
-    progress_deadline,
     restart,
     straggler,
     suspend,
     ttl,
 )
-from ddpjob_operator.progress import ProgressStatus, Scrape, Straggler, Summary, Target
+from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.status import (
     JobStatus,
     Observation,
@@ -41,10 +42,13 @@ from ddpjob_operator.status import (
     with_counts,
 )
 from ddpjob_operator.transitions import (
+    Admit,
     Create,
+    Evict,
     Finish,
     FlagStraggler,
     Launch,
+    Queue,
     Rebuild,
     Rendezvous,
     Restart,
@@ -59,8 +63,8 @@ from ddpjob_operator.transitions import (
 
 RESYNC_SECONDS = 300.0
 """Reconcile a live job at least this often, even when no event arrives."""
-RENDEZVOUS_POLL_SECONDS = 2.0
-"""Poll this often while ranks are joining: the wait for Running is short and worth seeing soon."""
+KUEUE_POLL_SECONDS = 2.0
+"""Read a queued job's Workload this often: Kueue's admission and eviction wake no watch of ours yet."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +85,14 @@ class Plan:
     poll: tuple[Target, ...] = ()
     """The ranks' metrics endpoints to poll for progress (none: stop polling this job)."""
     poll_interval: float = progress.WINDOW_SECONDS / 4
+    placement: queueing.Placement = field(default_factory=queueing.Placement)
+    """What Kueue's admission adds to every pod made (its flavors' node labels and tolerations)."""
+    create_workload: bool = False
+    """Create the job's Kueue Workload if absent: before any pod."""
+    workload_status: tuple[queueing.StatusApply, ...] = ()
+    """What to tell Kueue (PodsReady, the eviction acknowledged, Finished), after the job's status is written."""
+    release_workload: bool = False
+    """Drop Kueue's finalizer from the Workload."""
 
 
 def _deletable(pods: Sequence[PodView]) -> tuple[PodView, ...]:
@@ -134,10 +146,13 @@ class View:
     obs: Observation
     now: datetime
     scrapes: Sequence[Scrape]
-    fold: Fold | None
+    fold: progress_fold.Fold | None
     """The newest polls of this attempt, if there are new ones."""
     refused: str
     placement: gang.Placement
+    queueing: queueing.Queueing
+    requested: int
+    """spec.replicas as written (``job`` holds the admitted number under Kueue's partial admission)."""
 
 
 def plan(
@@ -149,25 +164,43 @@ def plan(
     *,
     refused: str = "",
     pod_groups: bool = False,
+    queued: queueing.Queueing = queueing.NOT_QUEUED,
 ) -> Plan:
     """Observe once, let the first policy that changes something decide the transition, apply it, and
     plan the pods for the status that results.
 
     ``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are
     ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did.
-    ``pod_groups``: whether the cluster serves PodGroups (gang scheduling).
+    ``pod_groups``: whether the cluster serves PodGroups (gang scheduling). ``queued``: what Kueue says of the
+    job's Workload (``queueing.NOT_QUEUED`` for a job without the queue-name label).
     """
+    the_plan = _plan(job, old, pods, now, scrapes, refused, pod_groups, queued)
+    return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now))
+
+
+def _plan(
+    job: Job,
+    old: JobStatus,
+    pods: Sequence[PodView],
+    now: datetime,
+    scrapes: Sequence[Scrape],
+    refused: str,
+    pod_groups: bool,
+    queued: queueing.Queueing,
+) -> Plan:
+    requested = job.spec.replicas
     status = replace(old, observed_generation=job.generation)
     events: tuple[Event, ...] = ()
     if status.phase is Phase.NEW:
         status, events = apply(status, _create(job, pod_groups), now)
+    job = _admitted(job, status)
     obs = _observe(job, status, pods)
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
     placement = gang.placement(job.spec.gang_scheduling, pod_groups)
-    view = _view(job, status, obs, now, scrapes, refused, placement)
+    view = _view(job, status, obs, now, scrapes, refused, placement, queued, requested)
     status = view.status
-    for policy in SUSPENDED_POLICIES if status.phase is Phase.SUSPENDED else POLICIES:
+    for policy in _POLICIES_IN.get(status.phase, POLICIES):
         transition = policy(view)
         if transition is None:
             continue
@@ -175,9 +208,39 @@ def plan(
         if new != status or told:
             status, events = new, events + told
             break
-    if status.attempt != view.status.attempt:
+    job = _admitted(job, status)
+    if status.attempt != view.status.attempt or job.spec.replicas != view.job.spec.replicas:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
-    return _plan_for(job, status, obs, now, events, placement is gang.Placement.GANG)
+    the_plan = _plan_for(job, status, obs, now, events, placement is gang.Placement.GANG)
+    return replace(the_plan, placement=queued.placement) if queued.may_run() else the_plan
+
+
+def _admitted(job: Job, status: JobStatus) -> Job:
+    """The job as Kueue admitted it: fewer ranks under partial admission (the pods, the PodGroup and WORLD_SIZE
+    follow), else as written."""
+    count = status.admitted_replicas
+    if not count or count >= job.spec.replicas:
+        return job
+    return replace(job, spec=replace(job.spec, replicas=count))
+
+
+def _tell_kueue(q: queueing.Queueing, the_plan: Plan, pods: Sequence[PodView], now: datetime) -> dict[str, Any]:
+    """The plan's Workload I/O, from what Kueue said and what the plan leaves (policies.admission)."""
+    if not q.queued:
+        return {}
+    status = the_plan.status
+    done = status.condition(ConditionType.SUCCEEDED) or status.condition(ConditionType.FAILED)
+    deleted = {p.uid for p in the_plan.delete_pods}
+    left = sum(p.uid not in deleted for p in pods)
+    ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
+    writes = admission.workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
+                                       outcome=done.message if done else "", now=now)  # fmt: skip
+    return {
+        "create_workload": admission.create_workload(q, status.phase),
+        "workload_status": writes,
+        "release_workload": admission.release_workload(q, left),
+        "requeue_after": _min(the_plan.requeue_after, KUEUE_POLL_SECONDS if not status.phase.finished else None),
+    }
 
 
 def _create(job: Job, pod_groups: bool) -> Transition:
@@ -202,15 +265,17 @@ def _view(
     scrapes: Sequence[Scrape],
     refused: str,
     placement: gang.Placement,
+    queued: queueing.Queueing,
+    requested: int,
 ) -> View:
-    """Fold this attempt's new polls into status.progress (not while restarting or suspended)."""
+    """Fold this attempt's new polls into status.progress (not while restarting, suspended or queued)."""
     fold = None
-    if status.phase not in (Phase.RESTARTING, Phase.SUSPENDED):
+    if status.phase not in (Phase.RESTARTING, Phase.SUSPENDED, Phase.QUEUED):
         fresh = progress.fresh(status.progress, status.attempt, job.spec.world_size)
-        fold = _fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
+        fold = progress_fold.fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
         status = replace(status, progress=fold.progress if fold else fresh)
     return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused,
-                placement=placement)  # fmt: skip
+                placement=placement, queueing=queued, requested=requested)  # fmt: skip
 
 
 def _plan_for(
@@ -220,7 +285,7 @@ def _plan_for(
     spec = job.spec
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
-    if status.phase is Phase.SUSPENDED:
+    if status.phase in (Phase.SUSPENDED, Phase.QUEUED):
         deletes = _deletable([*obs.stale, *obs.current.values()])
         return Plan(status=with_counts(status, obs, spec.replicas), delete_pods=deletes, events=events)
     launched = status.launched_attempt >= status.attempt
@@ -236,8 +301,10 @@ def _plan_for(
         delete_pods=_deletable(obs.stale),
         events=events,
         requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), RESYNC_SECONDS),
-        poll=poll_targets(job, obs, _silent(status)) if status.phase is not Phase.RESTARTING else (),
-        poll_interval=_poll_interval(job, status.phase),
+        poll=progress_fold.poll_targets(job, obs, progress_fold.silent_ranks(status))
+        if status.phase is not Phase.RESTARTING
+        else (),
+        poll_interval=progress_fold.poll_interval(job, status.phase),
     )
 
 
@@ -258,6 +325,20 @@ def _gang_unavailable(v: View) -> Transition | None:
 def _suspension(v: View) -> Transition | None:
     change = suspend.transition(v.job.spec.run_policy.suspend, v.status.phase)
     return {suspend.Transition.SUSPEND: Suspend(), suspend.Transition.RESUME: Resume(), None: None}[change]
+
+
+def _admission(v: View) -> Transition | None:
+    """policies.admission: Kueue decides when the ranks may have pods."""
+    said = v.status.condition(ConditionType.QUEUED)
+    decision = admission.decide(v.queueing, v.status.phase, said.message if said and said.status else "")
+    if decision is None:
+        return None
+    match decision.verdict:
+        case admission.Verdict.ADMIT:
+            return Admit(decision.count, v.requested, v.queueing.cluster_queue)
+        case admission.Verdict.EVICT:
+            return Evict(decision.message, v.job.spec.run_policy.backoff_limit)
+    return Queue(decision.reason, decision.message)
 
 
 def _deadline(v: View) -> Transition | None:
@@ -333,7 +414,7 @@ def _no_progress(v: View) -> Transition | None:
         # exiting, not hung (kubelet reports their exits late while it or the apiserver restarts, after it tore
         # their pods down, and their polls then time out like a hung rank's): _stuck_exiting bounds the wait.
         return None
-    stuck = _stuck(v.job, v.status, v.fold.summary)
+    stuck = progress_fold.stuck(v.job, v.status, v.fold.summary)
     if not stuck:
         return None
     rp = v.job.spec.run_policy
@@ -398,8 +479,8 @@ def _phase(v: View) -> Transition | None:
         return Launch(spec.replicas)
     started = launched and obs.all_started(spec.replicas)
     if started and status.phase is not Phase.RUNNING:
-        joined = _joined(v.job, status, obs, v.scrapes)
-        return Rendezvous(joined, spec.world_size) if joined < spec.world_size else Run(spec.replicas)
+        joined = progress_fold.joined(v.job, status, obs, v.scrapes)
+        return Rendezvous(joined, spec.world_size) if joined < spec.world_size else Run(spec.replicas, v.requested)
     if not started and status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays
         return Wait()
     return None
@@ -414,168 +495,28 @@ def _straggler(v: View) -> Transition | None:
     flagged = straggler.flagged(state, spec.straggler.window_seconds, fold.summary.at)
     current = v.status.condition(ConditionType.STRAGGLER_DETECTED)
     if flagged and fold.candidate and state and not (current and current.status):
-        return FlagStraggler(state.rank, _straggler_message(v.job, fold, state.rank), state.since, fold.summary.at)
+        return FlagStraggler(
+            state.rank, progress_fold.straggler_message(v.job, fold, state.rank), state.since, fold.summary.at
+        )
     if not flagged and current and current.status and fold.known:
         message = f"every rank works within {spec.straggler.factor:g}x the median of the others"
         if fold.previous is not None:
-            message = f"{_rank(fold, fold.previous.rank)} recovered: {message}"
+            message = f"{progress_fold.rank_name(fold, fold.previous.rank)} recovered: {message}"
         return StragglerRecovered(message, current.last_transition_time, fold.summary.at)
     return None
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _gang_unavailable, _suspension, _deadline, _spec_changed, _failures, _stuck_exiting, _no_progress,
-    _succeeded,
+    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _failures, _stuck_exiting,
+    _no_progress, _succeeded,
     _cannot_start, _phase, _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""
-SUSPENDED_POLICIES: tuple[Callable[[View], Transition | None], ...] = (_suspension,)
-"""A suspended job has no pods: only resuming it changes anything."""
-
-
-def poll_targets(job: Job, obs: Observation, silent: frozenset[int] = frozenset()) -> tuple[Target, ...]:
-    """Every process of every running pod of this attempt (pod i, process j is rank i * nproc + j), but
-    the ``silent`` ranks, whose program serves no metrics."""
-    spec = job.spec
-    found: list[Target] = []
-    for rank, pod in sorted(obs.current.items()):
-        if not (pod.running and pod.ip):
-            continue
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        for local in range(spec.nproc_per_node):
-            url = f"http://{host}:{spec.metrics_port + local}/metrics"
-            target = Target(rank=rank * spec.nproc_per_node + local, pod=pod.name, node=pod.node, url=url)
-            if target.rank not in silent:
-                found.append(target)
-    return tuple(found)
-
-
-def _silent(status: JobStatus) -> frozenset[int]:
-    p = status.progress
-    return frozenset(p.silent) if p is not None and p.attempt == status.attempt else frozenset()
-
-
-def silent_note(job: Job, silent: Sequence[int]) -> str:
-    """'rank 1 serves no metrics on port 9090: progress is not shown for it', or '' for none."""
-    nproc, port = job.spec.nproc_per_node, job.spec.metrics_port
-    said = [f"rank {r} serves no metrics on port {port + r % nproc}" for r in silent]
-    return f"{', '.join(said)}: progress is not shown for {'it' if len(said) == 1 else 'them'}" if said else ""
-
-
-def _poll_interval(job: Job, phase: Phase) -> float:
-    """Often enough to see a window four times over, never more than once a second."""
-    if phase is not Phase.RUNNING:
-        return RENDEZVOUS_POLL_SECONDS
-    spec = job.spec
-    windows = [progress.WINDOW_SECONDS, float(spec.straggler.window_seconds)]
-    if spec.progress_deadline_seconds is not None:
-        windows.append(float(spec.progress_deadline_seconds))
-    return max(1.0, min(windows) / 4)
-
-
-def _joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scrape]) -> int:
-    """Ranks that joined the process group: as the polls saw them, plus the ranks that already exited 0."""
-    nproc = job.spec.nproc_per_node
-    seen = progress.joined_ranks(s for s in scrapes if s.attempt == status.attempt)
-    done = {rank * nproc + i for rank, p in obs.current.items() if p.succeeded for i in range(nproc)}
-    remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
-    silent = _silent(status)  # serve no metrics: their running pods are all we can know
-    return min(job.spec.world_size, max(remembered, len(seen | done | silent)))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fold:
-    """New polls of this attempt folded into status.progress, with what the straggler rule reads."""
-
-    progress: ProgressStatus
-    summary: Summary
-    candidate: tuple[int, float, float] | None
-    """(rank, its work seconds per step, the others' median), from the newest poll."""
-    known: bool
-    """Whether the newest poll timed every rank (else the straggler rule changes nothing)."""
-    previous: Straggler | None
-    """The straggler the status remembered before these polls."""
-
-
-def _fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | None:
-    """None when there is no poll newer than what status.progress already holds."""
-    spec = job.spec
-    summary = progress.summarize(scrapes)
-    if summary is None or (old.observed_time is not None and summary.at < old.observed_time):
-        return None
-    advanced = summary.step is not None and summary.step > (old.step or 0)
-    ranks = {r.rank for r in summary.ranks}
-    known = len(ranks) > 1 and ranks <= set(summary.recent_work)
-    candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
-    # A rank keeps the last step it answered with while it does not answer (a hung rank, once its answers have
-    # left the poller's window): it is known, so it is never taken for one that serves no metrics.
-    last_step = {r.rank: r.step for r in old.ranks if r.step is not None}
-    silent = tuple(sorted(set(old.silent) | progress.silent_ranks(scrapes, last_step)))
-    kept = tuple(
-        replace(r, step=last_step[r.rank]) if r.step is None and r.rank in last_step else r
-        for r in summary.ranks
-        if r.rank not in silent
-    )
-    new = replace(
-        old,
-        silent=silent,
-        note=silent_note(job, silent),
-        joined=min(spec.world_size, max(old.joined, len(summary.joined))),
-        step=summary.step if summary.step is not None else old.step,
-        samples_per_second=summary.samples_per_second,
-        step_time_p50=summary.step_time_p50,
-        window_seconds=summary.window_seconds,
-        slowest_rank=summary.slowest_rank,
-        last_progress_time=summary.at if advanced else old.last_progress_time,
-        observed_time=summary.at,
-        ranks=kept,
-        straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
-    )
-    return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)
-
-
-def _rank(fold: Fold, rank: int) -> str:
-    """rank 3 (pod train-1 on node a), from the polls, else from what the status remembered."""
-    found = next((r for r in (*fold.summary.ranks, *fold.progress.ranks) if r.rank == rank), None)
-    return f"rank {rank} (pod {found.pod} on node {found.node or 'unknown'})" if found else f"rank {rank}"
-
-
-def _straggler_message(job: Job, fold: Fold, rank: int) -> str:
-    assert fold.candidate is not None
-    _, work, median = fold.candidate
-    factor, window = job.spec.straggler.factor, job.spec.straggler.window_seconds
-    return (
-        f"{_rank(fold, rank)} works {work:.3g}s per step, "
-        f"{work / median if median else float('inf'):.1f}x the median of the others ({median:.3g}s), for {window}s "
-        f"(spec.straggler factor {factor:g}, window {window}s)"
-    )
-
-
-def _stuck(job: Job, status: JobStatus, summary: Summary) -> str:
-    """Why the progress deadline has passed (naming the ranks that did not answer), or "" if it has not."""
-    prog = status.progress
-    running = status.condition(ConditionType.RUNNING)
-    running_since = running.last_transition_time if running and running.status else None
-    last = prog.last_progress_time if prog else None
-    limit = job.spec.progress_deadline_seconds
-    # Every rank went quiet at once: a rank blocked in a collective behind a hung peer still answers (its
-    # metrics are served by a thread of their own), so a gang that is all quiet is most likely gone: ranks
-    # that exited, in pods kubelet tore down before it could say so (late while it or the apiserver
-    # restarts). Their exits decide; a gang truly wedged as a whole (every process stopped, or stuck holding
-    # the GIL) restarts one deadline later.
-    quiet = bool(summary.ranks) and all(r.error for r in summary.ranks)
-    waited = 2 * limit if quiet and limit is not None else limit
-    if not progress_deadline.exceeded(waited, running_since=running_since, last_progress=last, observed=summary.at):
-        return ""
-    if any(r.error == progress.REFUSED for r in summary.ranks):
-        # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
-        # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
-        return ""
-    step = prog.step if prog and prog.step is not None else 0
-    twice = ", twice over: every rank went quiet" if waited != limit else ""
-    why = f"no rank advanced its step for {waited}s (spec.progressDeadlineSeconds={limit}{twice}); stuck at step {step}"
-    silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'}: {r.error})" for r in summary.ranks if r.error]
-    return why + (f"; not answering: {', '.join(silent)}" if silent else "")
+_POLICIES_IN: dict[Phase, tuple[Callable[[View], Transition | None], ...]] = {
+    Phase.SUSPENDED: (_suspension,),
+    Phase.QUEUED: (_suspension, _admission),
+}
+"""A suspended job has no pods: only resuming it changes anything; a queued one waits for Kueue too."""
 
 
 def plan_invalid(old: JobStatus, error: str, generation: int, now: datetime) -> Plan:

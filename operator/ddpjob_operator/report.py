@@ -431,7 +431,7 @@ def report(args: argparse.Namespace) -> list[str]:
         raise ReportError("matplotlib is missing: pip install 'ddpjob[operator]'") from None
     from ddpjob_operator.api import SpecError, parse_job
     from ddpjob_operator.kube import Kube
-    from ddpjob_operator.lifecycle import poll_targets
+    from ddpjob_operator.progress_fold import poll_targets
     from ddpjob_operator.status import observe, parse_status, pod_view
 
     kube = Kube()

@@ -326,6 +326,8 @@ class JobStatus:
     restarts: int = 0
     launched_attempt: int = -1
     """The last attempt whose pods were all seen to exist; a rank missing after that was deleted."""
+    admitted_replicas: int = 0
+    """Under Kueue's partial admission: the ranks this attempt runs (below spec.replicas); 0: all of them."""
     start_time: datetime | None = None
     completion_time: datetime | None = None
     active: int = 0
@@ -359,6 +361,7 @@ class JobStatus:
             "attempt": self.attempt,
             "restarts": self.restarts,
             "launchedAttempt": self.launched_attempt,
+            "admittedReplicas": self.admitted_replicas or None,
             "startTime": from_time(self.start_time),
             "completionTime": from_time(self.completion_time),
             "replicas": {"active": self.active, "succeeded": self.succeeded, "failed": self.failed},
@@ -400,6 +403,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         attempt=_nonneg(status.get("attempt")),
         restarts=_nonneg(status.get("restarts")),
         launched_attempt=launched if isinstance(launched, int) and not isinstance(launched, bool) else -1,
+        admitted_replicas=_nonneg(status.get("admittedReplicas")),
         start_time=to_time(status.get("startTime")),
         completion_time=to_time(status.get("completionTime")),
         active=_nonneg(counts.get("active")),

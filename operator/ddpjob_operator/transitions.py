@@ -65,6 +65,32 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Queue:
+    """Waiting for Kueue (or for Kueue to be installed), without pods; ``message`` in Kueue's words."""
+
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Kueue took the job's quota back (or its Workload is being deleted): stop the ranks and queue again.
+    A disruption: not counted as a restart."""
+
+    message: str
+    backoff_limit: int
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Kueue admitted the job: a new attempt, at ``count`` of ``replicas`` ranks."""
+
+    count: int
+    replicas: int
+    cluster_queue: str
+
+
+@dataclass(frozen=True)
 class Launch:
     """Every pod of the attempt exists: a rank missing from now on was deleted."""
 
@@ -84,6 +110,8 @@ class Run:
     """Every rank joined the process group and runs."""
 
     replicas: int
+    requested: int = 0
+    """spec.replicas, when Kueue admitted fewer."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +145,8 @@ class StragglerRecovered:
 
 
 Transition = (
-    Create | Finish | Restart | Rebuild | Suspend | Resume | Launch | Rendezvous | Run | Wait | FlagStraggler
-    | StragglerRecovered
+    Create | Finish | Restart | Rebuild | Suspend | Resume | Queue | Evict | Admit | Launch | Rendezvous | Run | Wait
+    | FlagStraggler | StragglerRecovered
 )  # fmt: skip
 
 
@@ -157,6 +185,27 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
             message = f"resumed as attempt {status.attempt}"
             status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
             return status, (Event(Reason.RESUMED, message),)
+        case Queue(reason=reason, message=message):
+            status = replace(status, phase=Phase.QUEUED, start_time=None)
+            status = status.with_condition(ConditionType.QUEUED, True, reason, message, now)
+            warning = reason is Reason.KUEUE_NOT_INSTALLED
+            return _not_running(status, reason, message, now), (Event(reason, message, warning=warning),)
+        case Evict(message=message, backoff_limit=limit):
+            told = f"{message}; stopping the ranks (not counted: restarts stay {status.restarts} of {limit})"
+            status = replace(status, phase=Phase.QUEUED, start_time=None)
+            status = status.with_condition(ConditionType.QUEUED, True, Reason.EVICTED, message, now)
+            return _not_running(status, Reason.EVICTED, message, now), (Event(Reason.EVICTED, told, warning=True),)
+        case Admit(count=count, replicas=replicas, cluster_queue=cq):
+            # A new attempt only if the last one made pods: the first admission runs attempt 0
+            attempt = status.attempt + 1 if status.launched_attempt >= status.attempt else status.attempt
+            partial = count < replicas
+            status = replace(status, phase=Phase.PENDING, attempt=attempt, start_time=now,
+                             admitted_replicas=count if partial else 0)  # fmt: skip
+            message = f"admitted by Kueue in ClusterQueue {cq}" + (
+                f": running {count} of {replicas} ranks (partial quota; spec.minReplicas allows it)" if partial else ""
+            )
+            status = status.with_condition(ConditionType.QUEUED, False, Reason.ADMITTED, message, now)
+            return status, (Event(Reason.ADMITTED, f"{message}; starting attempt {attempt}"),)
         case _:
             return _within_attempt(status, transition, now)
 
@@ -172,6 +221,9 @@ def _within_attempt(status: JobStatus, transition: Transition, now: datetime) ->
             return _not_running(replace(status, phase=Phase.RENDEZVOUS), Reason.RENDEZVOUS, message, now), ()
         case Run(replicas=replicas):
             message = f"all {replicas} ranks are running (attempt {status.attempt})"
+            if status.admitted_replicas:
+                message = (f"running {replicas} of {transition.requested} ranks: admitted by Kueue with partial quota "
+                           f"(attempt {status.attempt})")  # fmt: skip
             status = replace(status, phase=Phase.RUNNING)
             status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
             restarting = status.condition(ConditionType.RESTARTING)

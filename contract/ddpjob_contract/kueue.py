@@ -1,0 +1,34 @@
+"""Kueue's names that DDPJob reads and writes: the labels users put on a job, and the Workload the operator keeps.
+
+Kueue runs no controller for an external framework (``integrations.externalFrameworks``): the operator does what
+Kueue's ``jobframework`` reconciler does for its built-in kinds, with these names.
+"""
+
+from __future__ import annotations
+
+GROUP = "kueue.x-k8s.io"
+API_VERSION = f"{GROUP}/v1beta2"
+"""The Workload API the operator writes (Kueue's storage version since v0.15)."""
+EXTERNAL_FRAMEWORK = "DDPJob.v1alpha1.ddpjob.dev"
+"""What Kueue's Configuration lists in ``integrations.externalFrameworks`` for DDPJob."""
+
+LABEL_QUEUE_NAME = f"{GROUP}/queue-name"
+"""On a DDPJob: the LocalQueue (in the job's namespace) that queues it."""
+LABEL_PRIORITY_CLASS = f"{GROUP}/priority-class"
+"""On a DDPJob: the WorkloadPriorityClass that orders it in its queue and decides preemption."""
+LABEL_JOB_UID = f"{GROUP}/job-uid"
+LABEL_POD_SET = f"{GROUP}/podset"
+FINALIZER = f"{GROUP}/resource-in-use"
+"""Kueue keeps a Workload's quota until this is dropped: the operator drops it once the job's pods are gone."""
+
+POD_SET = "ranks"
+"""The one pod set of a DDPJob's Workload: every rank's pod."""
+
+ADMISSION_MANAGER = "kueue-admission"
+"""The field manager of a Workload's admission: clearing it after an eviction must be applied as this manager,
+as Kueue's own job reconciler does."""
+FIELD_MANAGER = "ddpjob-operator"
+"""The operator's own field manager for the Workload conditions it keeps (PodsReady, Finished)."""
+
+EVICTED_REQUEUED = frozenset({"Preempted", "NodeFailures"})
+"""Eviction reasons after which Kueue expects the Workload's Requeued condition True."""

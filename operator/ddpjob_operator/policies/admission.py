@@ -1,0 +1,119 @@
+"""Kueue's admission: a job labelled ``kueue.x-k8s.io/queue-name`` has pods only while its Workload is admitted.
+
+- Not admitted (or Kueue not installed, or its priority class missing): Queued, no pod, saying why in Kueue's words.
+- Admitted while Queued: a new attempt, at the admitted number of ranks.
+- Evicted (preempted, PodsReadyTimeout, deactivated, ClusterQueue stopped) or its Workload deleted while it has
+  pods: back to Queued, its ranks stopped as a suspend stops them. A disruption: never counted as a restart.
+
+``workload_writes`` says what the operator tells Kueue in return, from the same observations: the Workload to
+create, PodsReady, the eviction acknowledged once every pod is gone, Finished, the ranks that no longer need quota.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from ddpjob_contract.status import Phase, Reason
+from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
+
+KUEUE_DOCS = "docs/operations.md#queueing-with-kueue"
+
+
+class Verdict(Enum):
+    QUEUE = "queue"
+    ADMIT = "admit"
+    EVICT = "evict"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: Reason = Reason.QUEUED
+    message: str = ""
+    count: int = 0
+    """ADMIT: the admitted number of ranks."""
+
+
+def not_installed(queue: str) -> str:
+    return (
+        f"the job is labelled kueue.x-k8s.io/queue-name={queue}, but the cluster does not serve Kueue's Workload "
+        f"API (kueue.x-k8s.io/v1beta2): install Kueue with DDPJob in integrations.externalFrameworks "
+        f"({KUEUE_DOCS}), or remove the label to run the job without a queue; no pod is made until then"
+    )
+
+
+def waiting(q: Queueing) -> str:
+    """Why the job waits, in Kueue's words where it has said something."""
+    if q.priority_missing:
+        return q.priority_missing
+    where = f"queued in LocalQueue {q.queue}"
+    if q.evicted is not None:
+        return f"{q.evicted.describe()}; {where}, waiting to be admitted again once its pods are gone"
+    if q.deleting:
+        return f"its Workload {q.name} is being deleted; {where}, waiting for its pods to stop"
+    if q.waiting:
+        return f"{where}: {q.waiting}"
+    if not q.exists:
+        return f"{where}: creating its Workload"
+    return f"{where}: waiting for Kueue to admit its Workload {q.name}"
+
+
+def decide(q: Queueing, phase: Phase, said: str) -> Decision | None:
+    """``said``: the message the job's Queued condition holds now (a wait is said once, and again when it changes)."""
+    if not q.queued or phase.finished or phase is Phase.SUSPENDED:
+        return None
+    if not q.served:
+        message = not_installed(q.queue)
+        return None if said == message else Decision(Verdict.QUEUE, Reason.KUEUE_NOT_INSTALLED, message)
+    if q.may_run():
+        return Decision(Verdict.ADMIT, Reason.ADMITTED, count=q.count) if phase is Phase.QUEUED else None
+    message = waiting(q)
+    if phase is Phase.QUEUED:
+        return None if said == message else Decision(Verdict.QUEUE, Reason.QUEUED, message)
+    if q.evicted is not None or q.deleting:  # it had pods, or was about to: stop them
+        return Decision(Verdict.EVICT, Reason.EVICTED, message)
+    return Decision(Verdict.QUEUE, Reason.QUEUED, message)
+
+
+def workload_writes(
+    q: Queueing,
+    phase: Phase,
+    *,
+    pods_left: int,
+    all_ready: bool,
+    succeeded: int,
+    outcome: str,
+    now: datetime,
+) -> tuple[StatusApply, ...]:
+    """What the operator writes to the Workload's status after this reconcile.
+
+    ``pods_left``: the job's pods, terminating ones included; ``all_ready``: every rank of the attempt runs or has
+    exited 0; ``succeeded``: ranks that exited 0; ``outcome``: the finished job's message.
+    """
+    if not (q.queued and q.served and q.exists) or q.finished:
+        return ()
+    if phase.finished:
+        return (finished(q, phase is Phase.SUCCEEDED, outcome, now),)
+    writes: list[StatusApply] = []
+    if q.evicted is not None and q.quota_reserved and pods_left == 0:
+        writes.append(eviction_done(q, now))  # Kueue may admit it again (or another job) only now
+    if q.may_run() and phase is not Phase.QUEUED:
+        ready = pods_ready(q, all_ready, now)
+        if ready is not None:
+            writes.append(ready)
+        if succeeded > q.reclaimable:
+            writes.append(reclaimable(q, succeeded))
+    return tuple(writes)
+
+
+def create_workload(q: Queueing, phase: Phase) -> bool:
+    """A queued job needs its Workload before anything else (none while Kueue is not installed, or its priority
+    class is missing: Kueue would refuse it)."""
+    return q.queued and q.served and not q.exists and not q.priority_missing and not phase.finished
+
+
+def release_workload(q: Queueing, pods_left: int) -> bool:
+    """Drop Kueue's finalizer: the Workload finished, or is being deleted and the job's pods are gone."""
+    return q.exists and q.finalizer and (q.finished or (q.deleting and pods_left == 0))
