@@ -31,8 +31,9 @@ from ddpjob_contract.metrics import (
 
 __all__ = ["ALL", "PHASES", "Metrics", "StepTiming"]
 
-# From a tiny CNN on CPU (milliseconds) to ResNet-50 on a slow CPU (tens of seconds).
-_STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# From a tiny CNN on CPU (milliseconds) to ResNet-50 on a slow CPU (tens of seconds), and the first step of a
+# compiled run (torch.compile's minutes, in the top buckets rather than +Inf).
+_STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _PHASE_BUCKETS = (0.0005, 0.001, *_STEP_BUCKETS)
 
 

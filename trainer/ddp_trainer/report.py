@@ -11,19 +11,22 @@ from ddpjob_contract import exits
 COLUMNS = ("model", "world", "batch/rank", "img/s", "img/s/rank", "step ms", *(f"{p} ms" for p in PHASES))
 
 
-def warmup_steps(n: int) -> int:
-    """Steps left out of the means: the first 10%, at most 10, so start-up cost does not skew them."""
-    return min(10, n // 10)
+def warmup_steps(n: int, *, compiled: bool = False) -> int:
+    """Steps left out of the means: the first 10%, at most 10, so start-up cost does not skew them.
+
+    A compiled run always leaves out its first step, which holds the compilation (seconds to minutes).
+    """
+    return min(10, max(n // 10, 1 if compiled and n > 1 else 0))
 
 
-def _measured(timings: Sequence[StepTiming]) -> tuple[Sequence[StepTiming], float]:
+def _measured(timings: Sequence[StepTiming], compiled: bool) -> tuple[Sequence[StepTiming], float]:
     """The steps the means cover (warm-up left out), and this rank's samples per second over them."""
-    kept = timings[warmup_steps(len(timings)) :]
+    kept = timings[warmup_steps(len(timings), compiled=compiled) :]
     seconds = sum(t.step_seconds for t in kept)
     return kept, sum(t.samples for t in kept) / seconds if seconds > 0 else 0.0
 
 
-def exit_summary(steps: int, timings: Sequence[StepTiming]) -> dict[str, float]:
+def exit_summary(steps: int, timings: Sequence[StepTiming], *, compiled: bool = False) -> dict[str, float]:
     """This rank's final numbers, for its termination message: the same means as the summary table.
 
     ``step`` is the run's final step (a resumed run counts from its checkpoint); ``samples`` are those
@@ -31,7 +34,7 @@ def exit_summary(steps: int, timings: Sequence[StepTiming]) -> dict[str, float]:
     """
     out: dict[str, float] = {exits.SUMMARY_STEP: steps, exits.SUMMARY_SAMPLES: sum(t.samples for t in timings)}
     if timings and timings[-1].timed:
-        kept, per_rank = _measured(timings)
+        kept, per_rank = _measured(timings, compiled)
         out[exits.SUMMARY_STEP_SECONDS] = round(sum(t.step_seconds for t in kept) / len(kept), 6)
         out[exits.SUMMARY_SAMPLES_PER_SECOND] = round(per_rank, 3)
     return out
@@ -42,7 +45,7 @@ def summary_lines(cfg: Config, world_size: int, backend: str, device: str, timin
         return ["summary: no steps run"]
     if not timings[-1].timed:
         return [f"summary: {len(timings)} steps, not timed (--no-step-timing)"]
-    kept, per_rank = _measured(timings)
+    kept, per_rank = _measured(timings, cfg.model.compile)
     skip = len(timings) - len(kept)
 
     def ms(values: Sequence[float]) -> str:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, data, distributed, models, timing
+from ddp_trainer import checkpoint, compiling, data, distributed, models, timing
 from ddp_trainer.config import Config, OptimConfig
 from ddp_trainer.errors import ConfigError, DataError
 from ddp_trainer.launch import Launch
@@ -127,6 +127,7 @@ class Parts:
     model: nn.Module  # unwrapped: what checkpoints hold
     forward: Callable[[torch.Tensor], torch.Tensor]  # the model wrapped in DDP or DP, maybe compiled
     ddp: DistributedDataParallel | None
+    compilation: compiling.Compilation  # what the first compiled call cost (zeros without --compile)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -161,12 +162,13 @@ def _build(cfg: Config, d: distributed.Dist) -> Parts:
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
     )
-    wrapped, ddp = distributed.wrap(model, d, cfg.dist)
+    forward, ddp, compilation = _wrap(cfg, d, model)
     return Parts(
         data=dataset,
         model=model,
-        forward=torch.compile(wrapped) if cfg.model.compile else wrapped,
+        forward=forward,
         ddp=ddp,
+        compilation=compilation,
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, total)),
         scaler=torch.amp.GradScaler(d.device.type, enabled=cfg.optim.amp == "fp16"),
@@ -174,6 +176,23 @@ def _build(cfg: Config, d: distributed.Dist) -> Parts:
         steps_per_epoch=steps_per_epoch,
         total=total,
     )
+
+
+def _wrap(
+    cfg: Config, d: distributed.Dist, model: nn.Module
+) -> tuple[nn.Module, DistributedDataParallel | None, compiling.Compilation]:
+    """The module the loop calls, the DDP wrapper if any, and the record of the compilation."""
+    if not cfg.model.compile:
+        wrapped, ddp = distributed.wrap(model, d, cfg.dist)
+        return wrapped, ddp, compiling.Compilation()
+    if cfg.dist.strategy == "dp":  # DataParallel copies its module onto each GPU per call: compile around it
+        wrapped, ddp = distributed.wrap(model, d, cfg.dist)
+        outer = compiling.CompileOrEager(wrapped)
+        return outer, ddp, outer.compilation
+    # Inside DDP: dynamo still splits the graph at DDP's buckets, and a fallback stays within one DDP forward.
+    inner = compiling.CompileOrEager(model)
+    wrapped, ddp = distributed.wrap(inner, d, cfg.dist)
+    return wrapped, ddp, inner.compilation
 
 
 def _memory_format(cfg: Config) -> torch.memory_format:
@@ -213,6 +232,8 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
                 t.step, parts.total, t.loss, rate, t.step_seconds * 1000,
             )  # fmt: skip
 
+    first = pos.step + 1
+
     while pos.step < parts.total:
         batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
         for _ in range(min(parts.steps_per_epoch - pos.batch_in_epoch // accum, parts.total - pos.step)):
@@ -222,6 +243,12 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
             if pos.batch_in_epoch // accum == parts.steps_per_epoch:
                 pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
             timer.finish(pos.step, parts.batch * accum, loss)
+            if pos.step == first and cfg.model.compile:
+                log.info(
+                    "step %d includes compilation: %.1fs in torch.compile (forward and backward graphs%s); the "
+                    "summary leaves this step out",
+                    first, parts.compilation.seconds, ", which failed" if parts.compilation.failed else "",
+                )  # fmt: skip
             record(timer.poll())
             _maybe_checkpoint(cfg, d, parts, pos)
             _maybe_crash(cfg, d, pos.step)
