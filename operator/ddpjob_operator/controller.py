@@ -24,12 +24,13 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import builders, faults, metrics
+from ddpjob_operator import builders, faults, metrics, queueing
 from ddpjob_operator.api import Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
-from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating
+from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
 from ddpjob_operator.lifecycle import Plan, plan, plan_invalid
 from ddpjob_operator.progress import Scrape, Target
+from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
 from ddpjob_operator.times import to_time
 
@@ -63,6 +64,14 @@ class Api(Protocol):
     def get_namespace(self, name: str) -> dict[str, Any] | None: ...
 
     def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None: ...
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None: ...
+
+    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None: ...
+
+    def release_workload(self, namespace: str, name: str) -> None: ...
 
 
 class Pods(Protocol):
@@ -130,7 +139,8 @@ def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
 
 def _acts(the_plan: Plan) -> bool:
     return bool(the_plan.create_ranks or the_plan.delete_pods or the_plan.delete_job or the_plan.events
-                or the_plan.create_service)  # fmt: skip
+                or the_plan.create_service or the_plan.create_workload or the_plan.workload_status
+                or the_plan.release_workload)  # fmt: skip
 
 
 def _ends_something(old: JobStatus, the_plan: Plan) -> bool:
@@ -168,6 +178,8 @@ class Controller:
         self._events = events
         self._refused: dict[Key, str] = {}
         """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
+        self._workloads: dict[Key, str] = {}
+        """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
         self._terminating: dict[str, datetime] = {}
         """Namespaces being deleted, and since when: their jobs made before that are left alone.
         A job made later is in a namespace of the same name made anew, which clears the entry."""
@@ -185,6 +197,9 @@ class Controller:
         body = cached if cached is not None else self._api.get_job(*key)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.forget(key)
+            workload = self._workloads.pop(key, None)
+            if workload is not None:  # Kueue holds the quota until its finalizer goes (the collector then deletes it)
+                self._api.release_workload(key[0], workload)
             return None  # gone or going: owner references let the garbage collector take the children
         if self._in_terminating_namespace(key, body):
             return None
@@ -265,10 +280,11 @@ class Controller:
             return None, plan_invalid(old, str(err), int(body["metadata"].get("generation") or 0), now)
         scrapes = self._progress.scrapes(key)
         refused = self._refused.get(key, "")
+        queued = self._queueing(key, job)
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
-            return plan(job, old, views, now, scrapes, refused=refused, pod_groups=self.pod_groups)
+            return plan(job, old, views, now, scrapes, refused=refused, pod_groups=self.pod_groups, queued=queued)
 
         watched = self._pods.pods(key)
         the_plan = plan_from(watched if watched is not None else self._api.list_pods(*key))
@@ -276,12 +292,52 @@ class Controller:
             the_plan = plan_from(self._api.list_pods(*key))
         return job, the_plan
 
+    def _queueing(self, key: Key, job: Job) -> Queueing:
+        """What Kueue says of a job labelled with a queue: its Workload, and the flavors its admission names."""
+        if not job.queue:
+            return NOT_QUEUED
+        name = workload_name(job.name, job.uid)
+        self._workloads[key] = name
+        try:
+            workload = self._api.get_workload(job.namespace, name)
+        except NotServed:
+            return queueing.read(job.queue, None, {}, name=name, served=False)
+        flavors: dict[str, dict[str, Any]] = {}
+        for flavor in queueing.assigned_flavors(workload or {}):
+            found = self._api.get_kueue_object("resourceflavors", flavor)
+            flavors[flavor] = found or {}
+        missing = ""
+        if workload is None and job.priority_class and self._priority(job) is None:
+            missing = (f"its label kueue.x-k8s.io/priority-class names WorkloadPriorityClass {job.priority_class}, "
+                       f"which does not exist: create it, or fix the label")  # fmt: skip
+        return queueing.read(job.queue, workload, flavors, name=name, priority_missing=missing)
+
+    def _priority(self, job: Job) -> builders.Priority | None:
+        if not job.priority_class:
+            return None
+        found = self._api.get_kueue_object("workloadpriorityclasses", job.priority_class)
+        return None if found is None else builders.Priority(job.priority_class, int(found.get("value") or 0))
+
+    def _tell_kueue(self, job: Job, the_plan: Plan) -> None:
+        """Create the Workload, write what the plan tells Kueue, drop its finalizer: each idempotent."""
+        if the_plan.create_workload:
+            self._api.create(builders.workload(job, self._priority(job)))
+        for write in the_plan.workload_status:
+            self._api.apply_workload_status(write.manager, write.body)
+        if the_plan.release_workload:
+            self._api.release_workload(job.namespace, workload_name(job.name, job.uid))
+
     def _execute(self, key: Key, body: dict[str, Any], job: Job, the_plan: Plan, now: datetime) -> float | None:
         """Delete, then create if absent, then delete the job: the plan's status is already written."""
         for pod in the_plan.delete_pods:
             self._api.delete_pod(job.namespace, pod.name, pod.uid)
             faults.point("pod-deleted")
         attempt = the_plan.status.attempt
+        try:
+            self._tell_kueue(job, the_plan)
+        except NamespaceTerminating:
+            self._namespace_deleted(key, now, refused=True)
+            return None
         try:
             if the_plan.create_service:
                 self._api.create(builders.service(job))
@@ -292,7 +348,7 @@ class Controller:
             self._namespace_deleted(key, now, refused=True)
             return None
         try:
-            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang)
+            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement)
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -311,7 +367,7 @@ class Controller:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
 
-    def _create_pods(self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool) -> None:
+    def _create_pods(self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool, placement: Placement) -> None:
         """Create if absent, in waves of CREATE_PARALLELISM; raises the lowest rank's error.
 
         Each pod created goes into the pod cache at once, so a reconcile before the watch sees it
@@ -319,7 +375,7 @@ class Controller:
         """
 
         def create(rank: int) -> None:
-            created = self._api.create(builders.pod(job, rank, attempt, gang=gang))
+            created = self._api.create(placement.apply(builders.pod(job, rank, attempt, gang=gang)))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import urllib3
 
+from ddpjob_contract import kueue
 from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, POD_GROUP_API
 from ddpjob_operator import api, metrics
 
@@ -37,6 +38,10 @@ class Expired(KubeError):
 class Unreachable(KubeError):
     """No answer: the apiserver is down or restarting (connection refused or reset, after urllib3's retries),
     or, where said, an answer that it is not ready yet (5xx, 429)."""
+
+
+class NotServed(KubeError):
+    """404 for a whole API: the apiserver does not serve that group or version (its CRD is not installed)."""
 
 
 class NamespaceTerminating(KubeError):
@@ -182,7 +187,8 @@ class Kube:
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create if absent: the created object, or None when one of that name already existed."""
-        plural = {"Pod": "pods", "Service": "services", "Event": "events", "PodGroup": "podgroups"}[obj["kind"]]
+        plural = {"Pod": "pods", "Service": "services", "Event": "events", "PodGroup": "podgroups",
+                  "Workload": "workloads"}[obj["kind"]]  # fmt: skip
         group = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
         try:
             created = self._request("POST", f"{group}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
@@ -190,6 +196,52 @@ class Kube:
         except Conflict:
             return None
         return dict(created)
+
+    # Kueue's Workloads
+
+    def _workload_path(self, namespace: str, name: str) -> str:
+        return f"/apis/{kueue.API_VERSION}/namespaces/{quote(namespace)}/workloads/{quote(name)}"
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Workload, or None; ``NotServed`` when Kueue is not installed."""
+        return self.get(self._workload_path(namespace, name))
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path``, or None where there is none (``NotServed`` where its API is not served)."""
+        try:
+            return dict(self._request("GET", path))
+        except NotServed:
+            raise
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (resourceflavors, workloadpriorityclasses), or None."""
+        return self.get(f"/apis/{kueue.API_VERSION}/{plural}/{quote(name)}")
+
+    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None:
+        """Server-side apply of the Workload's status as ``manager``, forced (as Kueue's own writers do)."""
+        meta = body["metadata"]
+        query = [("fieldManager", manager), ("force", "true")]
+        self._request("PATCH", self._workload_path(meta["namespace"], meta["name"]) + "/status", body=body,
+                      query=query, content_type="application/apply-patch+yaml")  # fmt: skip
+
+    def release_workload(self, namespace: str, name: str) -> None:
+        """Drop Kueue's resource-in-use finalizer (gone already: done)."""
+        path = self._workload_path(namespace, name)
+        found = self.get(path)
+        finalizers = list(((found or {}).get("metadata") or {}).get("finalizers") or [])
+        if found is None or kueue.FINALIZER not in finalizers:
+            return
+        meta = {"finalizers": [f for f in finalizers if f != kueue.FINALIZER],
+                "resourceVersion": found["metadata"]["resourceVersion"]}  # fmt: skip
+        try:
+            self._request("PATCH", path, body={"metadata": meta}, content_type="application/merge-patch+json")
+        except KubeError as err:
+            if err.status != 404:
+                raise
 
     # PodGroups (gang scheduling)
 
@@ -261,6 +313,8 @@ def _causes(data: Any) -> set[str]:
 
 def _raise(status: int, data: Any, raw: bytes) -> NoReturn:
     message = data.get("message", "") if isinstance(data, Mapping) else raw.decode(errors="replace").strip()[:500]
+    if status == 404 and data is None:
+        raise NotServed(status, message)
     if status == 403 and "NamespaceTerminating" in _causes(data):
         raise NamespaceTerminating(status, message)
     if status == 409:

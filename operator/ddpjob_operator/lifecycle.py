@@ -229,17 +229,19 @@ def _tell_kueue(q: queueing.Queueing, the_plan: Plan, pods: Sequence[PodView], n
     if not q.queued:
         return {}
     status = the_plan.status
-    done = status.condition(ConditionType.SUCCEEDED) or status.condition(ConditionType.FAILED)
-    deleted = {p.uid for p in the_plan.delete_pods}
-    left = sum(p.uid not in deleted for p in pods)
+    outcome = [c.message for c in status.conditions if c.type in (ConditionType.SUCCEEDED, ConditionType.FAILED)
+               and c.status]  # fmt: skip
+    left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
     ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
     writes = admission.workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
-                                       outcome=done.message if done else "", now=now)  # fmt: skip
+                                       outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
+    settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
     return {
         "create_workload": admission.create_workload(q, status.phase),
         "workload_status": writes,
         "release_workload": admission.release_workload(q, left),
-        "requeue_after": _min(the_plan.requeue_after, KUEUE_POLL_SECONDS if not status.phase.finished else None),
+        # Kueue's decisions wake no watch of ours: look again soon while the Workload may still change
+        "requeue_after": _min(the_plan.requeue_after, None if settled else KUEUE_POLL_SECONDS),
     }
 
 
