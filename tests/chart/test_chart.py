@@ -86,10 +86,33 @@ def test_rbac_names_every_verb_and_resource_and_never_touches_secrets_or_rbac(mo
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
         if rule["resources"] == ["podgroups"]:  # spec.gangScheduling: one per attempt, older ones deleted
             assert rule["apiGroups"] == ["scheduling.k8s.io"] and rule["verbs"] == ["create", "deletecollection"]
+        elif rule["apiGroups"] == ["kueue.x-k8s.io"]:
+            assert "delete" not in rule["verbs"] and "update" not in rule["verbs"]
         elif rule["resources"] != ["customresourcedefinitions"]:
             assert rule["apiGroups"] in (["ddpjob.dev"], [""])
         else:
             assert mode == "cluster-wide" and rule["verbs"] == ["get", "list", "watch"]
+
+
+@pytest.mark.parametrize(
+    ("values", "granted"),
+    [
+        ((), False),  # Auto, and helm template serves no Kueue API
+        (("--api-versions", "kueue.x-k8s.io/v1beta2/Workload"), True),
+        (("--set", "kueue.integration=Enabled"), True),
+        (("--set", "kueue.integration=Disabled", "--api-versions", "kueue.x-k8s.io/v1beta2/Workload"), False),
+    ],
+)
+def test_the_kueue_rbac_is_granted_where_the_cluster_serves_kueue_or_when_asked(
+    values: tuple[str, ...], granted: bool
+) -> None:
+    docs = template(*values)
+    rules = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]]
+    kueue = {(r, v) for rule in rules if rule["apiGroups"] == ["kueue.x-k8s.io"] for r in rule["resources"]
+             for v in rule["verbs"]}  # fmt: skip
+    expected = {("workloads", "get"), ("workloads", "create"), ("workloads", "patch"), ("workloads/status", "patch"),
+                ("resourceflavors", "get"), ("workloadpriorityclasses", "get")}  # fmt: skip
+    assert kueue == (expected if granted else set())
 
 
 def test_the_operator_pod_asks_for_nothing_pod_security_restricted_forbids() -> None:
