@@ -8,12 +8,15 @@ The synthetic data does the same work per sample as the trainer's, so data cost 
 from __future__ import annotations
 
 import argparse
+import os
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import Dataset
 
 from bench.common import Window, device_sync
@@ -30,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--measure", type=int, default=12)
-    parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window (GPU)")
+    parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window")
 
 
 class RandomImages(Dataset[tuple[torch.Tensor, int]]):
@@ -63,24 +66,56 @@ def memory_format(args: argparse.Namespace) -> torch.memory_format:
     return torch.channels_last if args.channels_last else torch.contiguous_format
 
 
-class SyncCounter:
-    """Counts the host-device synchronizations ``torch.cuda.set_sync_debug_mode`` reports while on."""
+GPU = torch.device("cuda")
 
-    def __init__(self) -> None:
+
+class SyncCounter:
+    """Counts the host-device synchronizations between ``start()`` and ``stop()``, and where they happen.
+
+    On a GPU, what ``torch.cuda.set_sync_debug_mode("warn")`` reports: every implicit synchronization
+    (``.item()``, a copy to the host, ``nonzero``...), at the cost of one flag test per call. On CPU
+    nothing waits for a device, so it counts the calls that would: the ops whose result the host must
+    read (``HOST_READS``), seen through a dispatch mode. That is how a CPU test shows a loop's count.
+    On CPU it cannot tell a device value from a host one, so it also counts reads a GPU run makes of
+    host tensors (a dataset's ``int(torch.randint(...))``, the CPU timer's ``float(loss)``), and every
+    op pays a Python call: read its sites, and time nothing with it on.
+
+    The window's own synchronizations are not counted: ``Window`` calls ``start()`` after its opening
+    ``synchronize`` and ``stop()`` before its closing one, and ``stop()`` turns the counting off first.
+    So a loop that never waits for the device counts 0, and "0 host-device syncs per step" can be shown.
+    """
+
+    def __init__(self, device: torch.device = GPU) -> None:
         self.count = 0
         self.where: dict[str, int] = {}
+        self.on_gpu = device.type == "cuda"
+        self._counting = False
         self._previous: Callable[..., Any] | None = None
+        self._reads = _HostReads(self._saw)
 
     def start(self) -> None:
-        self._previous = warnings.showwarning
-        warnings.simplefilter("always")
-        warnings.showwarning = self._show
-        torch.cuda.set_sync_debug_mode("warn")
+        self._counting = True
+        if self.on_gpu:
+            self._previous = warnings.showwarning
+            warnings.simplefilter("always")
+            warnings.showwarning = self._show
+            torch.cuda.set_sync_debug_mode("warn")
+        else:
+            self._reads.__enter__()  # type: ignore[no-untyped-call]
 
     def stop(self) -> None:
-        torch.cuda.set_sync_debug_mode("default")
-        if self._previous is not None:
-            warnings.showwarning = self._previous
+        self._counting = False
+        if self.on_gpu:
+            torch.cuda.set_sync_debug_mode("default")
+            if self._previous is not None:
+                warnings.showwarning = self._previous
+        else:
+            self._reads.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    def _saw(self, site: str) -> None:
+        if self._counting:
+            self.count += 1
+            self.where[site] = self.where.get(site, 0) + 1
 
     def _show(
         self,
@@ -92,11 +127,37 @@ class SyncCounter:
         line: str | None = None,
     ) -> None:
         if "synchroniz" in str(message):
-            self.count += 1
-            key = f"{filename}:{lineno}"
-            self.where[key] = self.where.get(key, 0) + 1
+            self._saw(f"{filename}:{lineno}")
         elif self._previous is not None:
             self._previous(message, category, filename, lineno, file, line)
+
+
+# Ops whose output the host reads, so that on a GPU they wait for the device: `.item()`, `float()` and
+# `bool()` reach `_local_scalar_dense`; the others size their output by the data.
+HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::equal"})
+
+
+class _HostReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Reports each op of ``HOST_READS``, with the first caller outside torch and this file."""
+
+    def __init__(self, saw: Callable[[str], None]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.saw = saw
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        if func._schema.name in HOST_READS:
+            self.saw(_caller())
+        return func(*args, **(kwargs or {}))
+
+
+def _caller() -> str:
+    torch_dir = os.path.dirname(torch.__file__)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(torch_dir) and frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
 
 
 def window(args: argparse.Namespace, device: torch.device, syncs: SyncCounter | None) -> Window:

@@ -43,7 +43,7 @@ def main() -> None:
     )
     amp = loops.AMP.get(args.amp)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # the AMP recipe's; off otherwise
-    syncs = loops.SyncCounter() if args.sync_check and device.type == "cuda" else None
+    syncs = loops.SyncCounter(device) if args.sync_check else None
     window = loops.window(args, device, syncs)
     on_cpu = device.type == "cpu"  # only there does the host clock see when the work ends
     fwd_bwd_ms: list[float] = []

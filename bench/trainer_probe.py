@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--measure", type=int, default=12)
-    parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window (GPU)")
+    parser.add_argument("--sync-check", action="store_true", help="count host-device syncs inside the window")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="after --: the trainer's flags")
     args = parser.parse_args()
     trainer_args = [a for a in args.trainer_args if a != "--"]
@@ -39,7 +39,8 @@ def main() -> None:
     launch = read_launch(os.environ)
     train.setup_logging(launch.rank)
     on_gpu = torch.cuda.is_available()
-    syncs = loops.SyncCounter() if args.sync_check and on_gpu and launch.rank == 0 else None
+    device = torch.device("cuda", launch.local_rank) if on_gpu else torch.device("cpu")
+    syncs = loops.SyncCounter(device) if args.sync_check and launch.rank == 0 else None
     window = Window(
         args.warmup,
         args.measure,
