@@ -177,6 +177,9 @@ class Controller:
         self._creates = creates
         self._events = events
         self._refused: dict[Key, str] = {}
+        self._failed_creates: dict[Key, str] = {}
+        """Jobs whose last pod creation failed for another reason (a webhook down, a quota), and why: said in
+        the next status, and retried."""
         """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
         self._workloads: dict[Key, str] = {}
         """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
@@ -271,6 +274,7 @@ class Controller:
         """The job is gone: drop what we held of it and stop polling it."""
         self.bodies.drop(key)
         self._refused.pop(key, None)
+        self._failed_creates.pop(key, None)
         self._progress.track(key, 0, (), 0.0)
 
     def _plan(self, key: Key, body: dict[str, Any], old: JobStatus, now: datetime) -> tuple[Job | None, Plan]:
@@ -284,7 +288,8 @@ class Controller:
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
-            return plan(job, old, views, now, scrapes, refused=refused, pod_groups=self.pod_groups, queued=queued)
+            return plan(job, old, views, now, scrapes, refused=refused, failed_create=self._failed_creates.get(key, ""),
+                        pod_groups=self.pod_groups, queued=queued)  # fmt: skip
 
         watched = self._pods.pods(key)
         the_plan = plan_from(watched if watched is not None else self._api.list_pods(*key))
@@ -354,12 +359,15 @@ class Controller:
             return None
         except KubeError as err:
             if err.status not in (400, 422):  # quota, an admission policy: reported, retried with backoff
+                self._failed_creates[key] = str(err)
                 event = Event(Reason.POD_CREATE_FAILED, str(err), warning=True)
                 self._events.submit(_post_events, self._api, body, the_plan.status.attempt, (event,), now)
                 raise
             # Invalid: retrying cannot help. The next plan fails the job, in its one status write.
             self._refused[key] = f"the apiserver refused a pod built from spec.template: {err}"
             return 0.0
+        if the_plan.create_ranks:
+            self._failed_creates.pop(key, None)  # they exist now: the next status says so
         if the_plan.delete_job:
             self._api.delete_job(job.namespace, job.name, job.uid)
             return None

@@ -149,6 +149,8 @@ class View:
     fold: progress_fold.Fold | None
     """The newest polls of this attempt, if there are new ones."""
     refused: str
+    failed_create: str
+    """Why the last creation of this job's pods failed (a webhook down, a quota): retried, and said."""
     placement: gang.Placement
     queueing: queueing.Queueing
     requested: int
@@ -163,6 +165,7 @@ def plan(
     scrapes: Sequence[Scrape] = (),
     *,
     refused: str = "",
+    failed_create: str = "",
     pod_groups: bool = False,
     queued: queueing.Queueing = queueing.NOT_QUEUED,
 ) -> Plan:
@@ -170,11 +173,12 @@ def plan(
     plan the pods for the status that results.
 
     ``scrapes``: the poller's recent polls of the ranks' metrics (oldest first); others' attempts are
-    ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did.
+    ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did; ``failed_create``:
+    why creating one failed otherwise (it is retried).
     ``pod_groups``: whether the cluster serves PodGroups (gang scheduling). ``queued``: what Kueue says of the
     job's Workload (``queueing.NOT_QUEUED`` for a job without the queue-name label).
     """
-    the_plan = _plan(job, old, pods, now, scrapes, refused, pod_groups, queued)
+    the_plan = _plan(job, old, pods, now, scrapes, (refused, failed_create), pod_groups, queued)
     return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now))
 
 
@@ -184,7 +188,7 @@ def _plan(
     pods: Sequence[PodView],
     now: datetime,
     scrapes: Sequence[Scrape],
-    refused: str,
+    refused: tuple[str, str],
     pod_groups: bool,
     queued: queueing.Queueing,
 ) -> Plan:
@@ -265,7 +269,7 @@ def _view(
     obs: Observation,
     now: datetime,
     scrapes: Sequence[Scrape],
-    refused: str,
+    refused: tuple[str, str],
     placement: gang.Placement,
     queued: queueing.Queueing,
     requested: int,
@@ -276,7 +280,8 @@ def _view(
         fresh = progress.fresh(status.progress, status.attempt, job.spec.world_size)
         fold = progress_fold.fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
         status = replace(status, progress=fold.progress if fold else fresh)
-    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused,
+    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused[0],
+                failed_create=refused[1],
                 placement=placement, queueing=queued, requested=requested)  # fmt: skip
 
 
@@ -449,12 +454,14 @@ def _cannot_start(v: View) -> Transition | None:
     if why is not None:
         reason, message = why
         return None if said and said.message == message else Wait(blocked=message, reason=reason)  # said once
-    stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE)
+    stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE, Reason.POD_CREATE_FAILED)
     unblocked = said and said.reason in stuck and v.status.phase is not Phase.RESTARTING
     return Wait(unblocked=True) if unblocked else None
 
 
 def _why_not_started(v: View) -> tuple[Reason, str] | None:
+    if v.failed_create:
+        return Reason.POD_CREATE_FAILED, f"creating the pods failed, retrying with backoff: {v.failed_create}"
     current = sorted((rank, pod) for rank, pod in v.obs.current.items() if not pod.terminating)
     for rank, pod in current:
         if pod.blocked:

@@ -316,6 +316,29 @@ def test_a_pod_refused_for_another_reason_is_reported_and_retried(creates: Execu
     assert kube.events[-1] == "PodCreateFailed" and kube.job["status"]["phase"] == "Pending"
 
 
+def test_a_pod_creation_failing_otherwise_is_said_in_status_until_the_pods_exist(creates: Executor) -> None:
+    """Kueue's pod webhook down (failurePolicy Fail): the apiserver answers 500 naming the webhook."""
+    kube = RefusesPods(replicas=2, status=500)
+    ctl = controller(kube, creates)
+    with pytest.raises(KubeError):
+        ctl.reconcile(KEY)
+    with pytest.raises(KubeError):
+        ctl.reconcile(KEY)  # the work queue's retry: the status now says why, and it tries again
+    running = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "PodCreateFailed" and "retrying" in running["message"], running
+    assert "HTTP 500" in running["message"] and kube.job["status"]["phase"] == "Pending"
+    kube.status = 0  # the webhook is back
+
+    def create(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        return FakeKube.create(kube, obj)
+
+    kube.create = create  # type: ignore[method-assign]
+    for _ in range(3):  # create, read the job again (the body cached was not written), say so
+        ctl.reconcile(KEY)
+    running = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Running")
+    assert running["reason"] != "PodCreateFailed", running
+
+
 def test_launched_ranks_that_vanish_with_their_terminating_namespace_restart_nothing_and_create_nothing(
     creates: Executor,
 ) -> None:
