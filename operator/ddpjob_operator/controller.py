@@ -324,9 +324,8 @@ class Controller:
         return None if found is None else builders.Priority(job.priority_class, int(found.get("value") or 0))
 
     def _tell_kueue(self, job: Job, the_plan: Plan) -> None:
-        """Create the Workload, write what the plan tells Kueue, drop its finalizer: each idempotent."""
-        if the_plan.create_workload:
-            self._api.create(builders.workload(job, self._priority(job)))
+        """Write what the plan tells Kueue and drop its finalizer: each idempotent, after the pods are made (a
+        Kueue that does not answer now delays what it is told, never the pods it admitted)."""
         for write in the_plan.workload_status:
             self._api.apply_workload_status(write.manager, write.body)
         if the_plan.release_workload:
@@ -339,11 +338,8 @@ class Controller:
             faults.point("pod-deleted")
         attempt = the_plan.status.attempt
         try:
-            self._tell_kueue(job, the_plan)
-        except NamespaceTerminating:
-            self._namespace_deleted(key, now, refused=True)
-            return None
-        try:
+            if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
+                self._api.create(builders.workload(job, self._priority(job)))
             if the_plan.create_service:
                 self._api.create(builders.service(job))
             if the_plan.create_pod_group:
@@ -368,6 +364,7 @@ class Controller:
             return 0.0
         if the_plan.create_ranks:
             self._failed_creates.pop(key, None)  # they exist now: the next status says so
+        self._tell_kueue(job, the_plan)
         if the_plan.delete_job:
             self._api.delete_job(job.namespace, job.name, job.uid)
             return None

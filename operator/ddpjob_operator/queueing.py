@@ -83,6 +83,8 @@ class Queueing:
     """Why Kueue has not admitted it, in Kueue's words (its QuotaReserved condition's message)."""
     evicted: Eviction | None = None
     finished: bool = False
+    requeue_at: str = ""
+    """When Kueue will consider an evicted Workload again (its requeueState, after a PodsReadyTimeout)."""
     pods_ready: str = ""
     """The PodsReady condition's reason as last written ("" for none)."""
     reclaimable: int = 0
@@ -160,6 +162,7 @@ def read(
         if evicted.get("status") == "True"
         else None,
         finished=_true(conditions, "Finished"),
+        requeue_at=str((status.get("requeueState") or {}).get("requeueAt") or ""),
         pods_ready=str(_condition(conditions, "PodsReady").get("reason") or ""),
         reclaimable=int(reclaimable or 0),
         priority_missing=priority_missing,

@@ -50,7 +50,8 @@ def waiting(q: Queueing) -> str:
         return q.priority_missing
     where = f"queued in LocalQueue {q.queue}"
     if q.evicted is not None:
-        return f"{q.evicted.describe()}; {where}, waiting to be admitted again once its pods are gone"
+        again = f", not before {q.requeue_at}" if q.requeue_at else ""
+        return f"{q.evicted.describe()}; requeued in LocalQueue {q.queue}{again}, to be admitted again"
     if q.deleting:
         return f"its Workload {q.name} is being deleted; {where}, waiting for its pods to stop"
     if q.waiting:
