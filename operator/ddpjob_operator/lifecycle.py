@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import exit_messages, progress, progress_fold, queueing
+from ddpjob_operator import progress, progress_fold, queueing
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import (
@@ -129,12 +129,8 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
 
 
 def _final_progress(job: Job, status: JobStatus, obs: Observation) -> JobStatus:
-    """A succeeded run's figures, from its ranks' exit messages (once: they are final)."""
-    if status.phase is not Phase.SUCCEEDED or (status.progress is not None and status.progress.final):
-        return status
-    old = progress.fresh(status.progress, status.attempt, job.spec.world_size)
-    final = exit_messages.final_progress(old, obs.current, job.spec.nproc_per_node, status.completion_time)
-    return replace(status, progress=final) if final else status
+    """A finished run's progress: its outcome, not its last poll (``progress_fold.finished``)."""
+    return replace(status, progress=progress_fold.finished(job, status, obs))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ddpjob_contract.status import ConditionType, Phase
-from ddpjob_operator import progress
+from ddpjob_operator import exit_messages, progress
 from ddpjob_operator.api import Job
 from ddpjob_operator.policies import progress_deadline, straggler
-from ddpjob_operator.progress import ProgressStatus, Scrape, Straggler, Summary, Target
+from ddpjob_operator.progress import ProgressStatus, RankProgress, Scrape, Straggler, Summary, Target
 from ddpjob_operator.status import JobStatus, Observation
 
 RENDEZVOUS_POLL_SECONDS = 2.0
@@ -68,6 +68,31 @@ def joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scra
     remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
     silent = silent_ranks(status)  # serve no metrics: their running pods are all we can know
     return min(job.spec.world_size, max(remembered, len(seen | done | silent)))
+
+
+def finished(job: Job, status: JobStatus, obs: Observation) -> ProgressStatus | None:
+    """A finished job's progress holds its outcome, not its last poll.
+
+    No rank carries a poll's error: the pods' exits decide, and the conditions say why. A succeeded run's figures
+    are its ranks' own, from their exit messages (once: then they are final); every one of its ranks joined (all
+    passed the last barrier to exit 0); and a rank that never answered a poll served no metrics, which the note
+    says once, as the silent-rank rule does in a longer run.
+    """
+    if not status.phase.finished or status.progress is None:
+        return status.progress
+    spec = job.spec
+    old = progress.fresh(status.progress, status.attempt, spec.world_size)
+    if status.phase is not Phase.SUCCEEDED:
+        return replace(old, ranks=tuple(replace(r, error="") for r in old.ranks))
+    if not old.final:
+        old = exit_messages.final_progress(old, obs.current, spec.nproc_per_node, status.completion_time) or old
+    # The exit summaries speak for every process of their pods; else a rank is heard from by its polls alone.
+    heard = set(range(spec.world_size)) if old.final else {r.rank for r in old.ranks if r.step is not None}
+    silent = tuple(sorted(set(old.silent) | (set(range(spec.world_size)) - heard)))
+    ranks: tuple[RankProgress, ...] = tuple(replace(r, error="") for r in old.ranks if r.rank not in silent)
+    window = old.window_seconds if heard else None  # a window of refused polls holds no figure
+    return replace(old, joined=spec.world_size, ranks=ranks, silent=silent, note=silent_note(job, silent),
+                   window_seconds=window)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
