@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from ddpjob_operator import api, metrics
+from ddpjob_operator import api, metrics, namespaces
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.kube import Kube
@@ -24,6 +25,9 @@ from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob_operator")
+
+WORKLOAD_SWEEP_SECONDS = 30.0
+"""How often Kueue Workloads being deleted without their job are looked for."""
 
 
 class NotServed(Exception):
@@ -72,13 +76,18 @@ class Runtime:
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
                              concurrency=progress_concurrency)  # fmt: skip
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_workloads, args=(list(namespaces),), daemon=True,
+                                         name="workload-sweep")  # fmt: skip
         self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events,
                                      pod_groups=pod_groups)  # fmt: skip
 
     def start(self) -> None:
         self.pods.start()
+        self._sweeper.start()
 
     async def stop(self) -> None:
+        self._stopped.set()
         self.pods.stop()
         await self.poller.stop()  # first: each poll wakes a worker
         await self.queue.stop()
@@ -98,6 +107,19 @@ class Runtime:
             if isinstance(body, dict) and not self.controller.bodies.put(key, body):
                 return
         self.queue.enqueue(key)
+
+    def _sweep_workloads(self, scopes: list[str]) -> None:
+        """Kueue keeps a Workload's quota until its finalizer goes. A job deleted unfinished has it dropped at once
+        (``Controller``); one deleted while no operator ran is found here, as the garbage collector deletes its
+        Workload, within a sweep."""
+        while not self._stopped.wait(WORKLOAD_SWEEP_SECONDS):
+            for scope in scopes if scopes and not namespaces.any_pattern(scopes) else [""]:
+                try:
+                    for ns, name in self.kube.deleted_workloads(scope):
+                        if (ns, name.removeprefix("ddpjob-").rsplit("-", 1)[0]) not in self.served:
+                            self.kube.release_workload(ns, name)
+                except Exception as err:
+                    log.debug("workload sweep of %s: %s", scope or "all namespaces", err)
 
     async def _reconcile(self, key: Key) -> float | None:
         try:
