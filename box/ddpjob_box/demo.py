@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,10 @@ CHART = REPO / "helm" / "ddpjob"
 NAMESPACE = "demo"
 
 
+QUIET_SECONDS = 6.0
+"""With no known last step, a pause this long after stepping is said, not shown as 0.0 img/s."""
+
+
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
@@ -42,7 +47,49 @@ def scrape(ip: str, port: int) -> dict[str, float]:
             text = response.read().decode()
     except OSError:
         return {}
-    return {name: _metric(text, name) for name in ("ddp_steps_total", "ddp_samples_total", "ddp_loss")}
+    return {name: _metric(text, name) for name in ("ddp_step", "ddp_steps_total", "ddp_samples_total", "ddp_loss")}
+
+
+def trainer_option(job: Mapping[str, Any], flag: str) -> float | None:
+    """A trainer option as the job's trainer container sets it (``--steps 500``, ``--steps=500``, or its
+    ``TRAIN_STEPS`` env value), as the trainer reads it: the flag first, then the env variable; None if unset."""
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    trainer = next((c for c in containers if c.get("name") == "trainer"), containers[0] if containers else {})
+    args = [str(a) for a in trainer.get("args") or []]
+    env = {e.get("name"): e.get("value") for e in trainer.get("env") or [] if "value" in e}
+    found: object = env.get("TRAIN_" + flag.removeprefix("--").replace("-", "_").upper())
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.removeprefix(flag + "=")
+    try:
+        return float(str(found)) if found is not None else None
+    except ValueError:
+        return None
+
+
+def after_stepping(
+    reached: Sequence[float], total: int | None, quiet: float, linger: float | None, exited: bool
+) -> str | None:
+    """What the demo says in place of the ranks' 0.0 img/s once they stop stepping, or None while they step.
+
+    ``reached``: each rank's step (0 for one not heard from); ``total``: the trainer's --steps (None: bounded by
+    epochs, or not known); ``quiet``: seconds since a rank last stepped; ``linger``: --metrics-linger-seconds;
+    ``exited``: every pod has exited. After the last step each rank serves its metrics ``linger`` seconds more,
+    then meets the others at a last barrier and exits, and only then does the operator mark the job Succeeded.
+    """
+    if not reached or max(reached) <= 0:
+        return None  # starting, or joining: no step yet
+    if total and min(reached) >= total:
+        done = f"step {total}/{total} done {quiet:.0f}s ago"
+        if exited:
+            return f"{done}; the ranks have exited: waiting for the operator to mark the job Succeeded"
+        lingering = f"metrics linger {linger:g}s, then a last barrier" if linger else "a last barrier"
+        return f"{done}: waiting for the ranks to exit ({lingering})"
+    if not total and quiet >= QUIET_SECONDS:
+        return f"no new step for {quiet:.0f}s: the ranks are finishing, or stalled"
+    return None
 
 
 class Demo:
@@ -83,12 +130,15 @@ class Demo:
 
     def watch(self, name: str, metrics_port: int) -> dict[str, Any]:
         last: dict[str, tuple[float, float, float]] = {}  # rank -> (time, samples, steps)
+        reached: dict[str, float] = {}  # rank -> the step it reached (ddp_step: survives a resume)
+        stepped = time.monotonic()  # when a rank last stepped
         while True:
             job = self.job(name)
             status = job.get("status") or {}
             phase = status.get("phase", "Pending")
             ranks = []
-            for pod in self.pods(name):
+            pods = self.pods(name)
+            for pod in pods:
                 rank = pod["metadata"]["labels"]["ddpjob.dev/rank"]
                 ip = pod.get("status", {}).get("podIP")
                 values = scrape(ip, metrics_port) if ip else {}
@@ -102,9 +152,22 @@ class Demo:
                 fresh = before is not None and now > before[0] and samples >= before[1]
                 rate = (samples - before[1]) / (now - before[0]) if fresh and before else 0.0
                 last[rank] = (now, samples, steps)
+                step = max(values["ddp_step"], steps)
+                if step > reached.get(rank, 0.0):
+                    reached[rank], stepped = step, now
                 ranks.append(f"rank {rank}: step {steps:5.0f}  {rate:7.1f} img/s")
+            total = trainer_option(job, "--steps")
+            exited = bool(pods) and all(p.get("status", {}).get("phase") == "Succeeded" for p in pods)
+            rest = after_stepping(
+                [reached.get(p["metadata"]["labels"]["ddpjob.dev/rank"], 0.0) for p in pods],
+                int(total) if total else None,
+                time.monotonic() - stepped,
+                trainer_option(job, "--metrics-linger-seconds"),
+                exited,
+            )
+            shown = rest if rest and phase not in ("Succeeded", "Failed") else "   ".join(ranks)
             restarts = status.get("restarts", 0)
-            print(f"{time.strftime('%H:%M:%S')}  {phase:<10} restarts {restarts}  " + "   ".join(ranks), flush=True)
+            print(f"{time.strftime('%H:%M:%S')}  {phase:<10} restarts {restarts}  {shown}", flush=True)
             if phase in ("Succeeded", "Failed"):
                 return job
             time.sleep(2)
