@@ -110,7 +110,8 @@ def test_the_kueue_rbac_is_granted_where_the_cluster_serves_kueue_or_when_asked(
     rules = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]]
     kueue = {(r, v) for rule in rules if rule["apiGroups"] == ["kueue.x-k8s.io"] for r in rule["resources"]
              for v in rule["verbs"]}  # fmt: skip
-    expected = {("workloads", "get"), ("workloads", "list"), ("workloads", "create"), ("workloads", "patch"), ("workloads/status", "patch"),
+    expected = {("workloads", "get"), ("workloads", "list"), ("workloads", "create"), ("workloads", "patch"),
+                ("workloads/status", "patch"),
                 ("resourceflavors", "get"), ("workloadpriorityclasses", "get")}  # fmt: skip
     assert kueue == (expected if granted else set())
 
