@@ -4,6 +4,7 @@
     python -m bench.chaos --runs 200 --seed 1 --parallel 4   # make soak: 4 jobs at a time
     python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
     python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
+    python -m bench.chaos --runs 40 --kueue         # Kueue in the box, every job queued, two more faults
 
 The box with its node, the trainer image, and the operator as its own process, watching one namespace
 per run going on at once (the chart's namespaced mode). Each run creates a 2-rank tinycnn DDPJob that
@@ -28,6 +29,12 @@ other runs' calls to the apiserver wait until it answers again. Then it checks:
 - once the job is deleted, no pod, Service or PodGroup of it is left after 60 s of a whole control plane
   (counted from 60 s after the end of the last box fault when that came later: informers back off that
   long; 300 s at most); a deleted namespace is gone within 120 s of it.
+
+With ``--kueue``, the box runs Kueue, every run's namespace has a ClusterQueue of 2 slots of its own (and a
+LocalQueue), every job is queued at low priority with a slot per rank, and two faults join the draw: ``preempt`` (a
+high-priority job that needs the 2 slots: Kueue must evict the run's job, which the other's success readmits, and
+which must still end Succeeded at the last step with no restart counted) and ``restart-kueue`` (Kueue's manager
+killed, then ready again; its webhooks refuse pods meanwhile). A deleted job's Workload must go too.
 
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
 timeline, the job's Events, the operator's log tail, the box's audit lines for the job's pods, Service
@@ -58,10 +65,12 @@ from typing import Any
 from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, table, wait_until, write_results
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
+from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 from ddpjob_contract.status import Reason
 from ddpjob_operator import faults as operator_faults
 
 NAME = "chaos"
+SLOT = "example.com/slot"
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 STEPS = 120
 GONE_SECONDS = 60
@@ -87,6 +96,12 @@ SPARELESS_EVERY = 8
 """Every 8th run's job has ``backoffLimit: 0``: a fault that costs a restart must end it Failed with
 BackoffLimitExceeded instead."""
 FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume", "spec-edit", *ENDING)
+KUEUE_FAULTS = ("preempt", "restart-kueue")
+"""With --kueue: a high-priority job takes the run's quota (Kueue evicts the run's job, which must resume from its
+checkpoint once the other is done, with no restart counted), and Kueue's manager killed and started again."""
+QUEUE, LOW, HIGH = "user-queue", "low-priority", "high-priority"
+PREEMPT_SECONDS = 120
+"""How long a preemptor may take to evict a running job (Kueue's scheduling cycle, the operator's 2 s look)."""
 
 
 @dataclass
@@ -124,15 +139,20 @@ def backoff_limit(index: int) -> int:
     return 0 if index % SPARELESS_EVERY == SPARELESS_EVERY - 1 else BACKOFF_LIMIT
 
 
-def chaos_job(name: str, claim: str, backoff_limit: int) -> dict[str, Any]:
+def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False) -> dict[str, Any]:
+    """The run's job; with ``kueue``, queued in the namespace's LocalQueue at low priority, a slot per rank."""
     args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
             "--log-interval", "5", "--steps", str(STEPS), "--checkpoint-interval", "10",
             "--slow-rank", "0", "--slow-seconds", "0.15", "--pg-timeout-seconds", "60"]  # fmt: skip
-    container = {"name": "trainer", "image": images.image_name("trainer"), "args": args}
+    container: dict[str, Any] = {"name": "trainer", "image": images.image_name("trainer"), "args": args}
+    labels = {}
+    if kueue:
+        labels = {LABEL_QUEUE_NAME: QUEUE, LABEL_PRIORITY_CLASS: LOW}
+        container["resources"] = {"requests": {SLOT: "1"}, "limits": {SLOT: "1"}}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "DDPJob",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "replicas": 2,
             "progressDeadlineSeconds": 20,  # a hung (SIGSTOPped) rank is restarted well before the 60 s timeout
@@ -157,12 +177,12 @@ class Stack:
     """The box's parts a fault acts on, the namespaces the runs take turns in, and the operator, which a fault
     may kill or arm and which this keeps running."""
 
-    def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path) -> None:
+    def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path, *, kueue: bool = False) -> None:
         from kubernetes import client, config
 
         from ddpjob_box.operator_process import OperatorProcess
 
-        self.box, self.namespaces, self.workdir = box, list(namespaces), workdir
+        self.box, self.namespaces, self.workdir, self.kueue = box, list(namespaces), workdir, kueue
         self.free: queue.Queue[str] = queue.Queue()
         for namespace in namespaces:
             self.free.put(namespace)
@@ -214,12 +234,28 @@ class Stack:
         """The namespace, once pods can be made in it (the controller-manager has made its default
         ServiceAccount)."""
         self.call(self.core.create_namespace, {"metadata": {"name": namespace}})
+        if self.kueue:  # its own ClusterQueue of 2 slots, so a preemption in it evicts only its run's job
+            self._make_queues(namespace)
         accounts = self.core.list_namespaced_service_account
         wait(
             f"namespace {namespace}'s default ServiceAccount",
             lambda: self.call(accounts, namespace, field_selector="metadata.name=default").items,
             120,
         )
+
+    def _make_queues(self, namespace: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for plural, body in kueue_queues(namespace):
+            try:
+                if plural == "localqueues":
+                    self.call(self.custom.create_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
+                              plural, body)  # fmt: skip
+                else:
+                    self.call(self.custom.create_cluster_custom_object, "kueue.x-k8s.io", "v1beta2", plural, body)
+            except ApiException as err:
+                if err.status != 409:  # made for an earlier namespace
+                    raise
 
     def namespace_gone(self, namespace: str) -> bool:
         from kubernetes.client.rest import ApiException
@@ -306,6 +342,11 @@ class Stack:
         component.stop()
         time.sleep(pause)
         component.start()
+
+    def restart_kueue(self) -> None:
+        """Kueue's manager killed (its pod deleted at once), and ready again: webhooks and visibility API."""
+        self.box.kueue.kill()
+        self.box.kueue.wait_ready()
 
     def close(self) -> None:
         self._closing.set()
@@ -507,11 +548,66 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
                     ) from None
             else:
                 raise Broken("a template edit while running was accepted")
+        case "preempt":
+            preempt(stack, job)
+        case "restart-kueue":
+            stack.box_fault(stack.restart_kueue)
         case "delete-job":
             stack.delete_job(job)
         case "delete-namespace":
             stack.call(stack.core.delete_namespace, job.namespace)
     return ""
+
+
+def kueue_queues(namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, body): a ClusterQueue of 2 slots for this namespace alone, its LocalQueue (namespaced), and what
+    they share (a flavor, the two priorities: made once, 409 after)."""
+    api = "kueue.x-k8s.io/v1beta2"
+    quota = [{"name": "cpu", "nominalQuota": 8}, {"name": "memory", "nominalQuota": "16Gi"},
+             {"name": SLOT, "nominalQuota": 2}]  # fmt: skip
+    cluster_queue = {
+        "apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": f"cq-{namespace}"},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                 "preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", SLOT],
+                                     "flavors": [{"name": "chaos-flavor", "resources": quota}]}]},
+    }  # fmt: skip
+    return [
+        ("resourceflavors", {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": "chaos-flavor"}}),
+        ("workloadpriorityclasses", {"apiVersion": api, "kind": "WorkloadPriorityClass", "metadata": {"name": LOW},
+                                     "value": 100}),
+        ("workloadpriorityclasses", {"apiVersion": api, "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH},
+                                     "value": 10000}),
+        ("clusterqueues", cluster_queue),
+        ("localqueues", {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": namespace},
+                         "spec": {"clusterQueue": f"cq-{namespace}"}}),
+    ]  # fmt: skip
+
+
+def preempt(stack: Stack, job: JobRef) -> None:
+    """A high-priority job that needs the run's 2 slots: Kueue must evict the run's job (Queued, EvictedByKueue,
+    its pods gone), and admit it again once the preemptor has Succeeded."""
+    name = f"{job.name}-hi"
+    body = chaos_job(name, job.claim, 0, kueue=True)
+    body["metadata"]["labels"][LABEL_PRIORITY_CLASS] = HIGH
+    del body["spec"]["checkpoint"]
+    trainer_args = body["spec"]["template"]["spec"]["containers"][0]["args"]
+    trainer_args[trainer_args.index("--steps") + 1] = "10"
+    stack.create_job(JobRef(job.namespace, name, job.claim), body)
+    preemptor = JobRef(job.namespace, name, job.claim)
+    try:
+
+        def evicted() -> str:
+            found = status(stack, job)
+            said: dict[str, Any] = next((c for c in found.get("conditions") or [] if c.get("type") == "Queued"), {})
+            over = found.get("phase") in ("Succeeded", "Failed")
+            return "over" if over else ("evicted" if said.get("reason") == Reason.EVICTED else "")
+
+        if wait("the run's job evicted by Kueue", evicted, PREEMPT_SECONDS) == "over":
+            raise NotInjected("the job ended before Kueue evicted it")
+        wait("the preemptor to succeed", lambda: status(stack, preemptor).get("phase") == "Succeeded", 300)
+    finally:
+        stack.delete_job(preemptor)
 
 
 def checkpoints_load(stack: Stack, job: JobRef) -> list[str]:
@@ -543,6 +639,14 @@ def children_left(stack: Stack, job: JobRef) -> list[str]:
         "scheduling.k8s.io", "v1beta1", job.namespace, "podgroups", label_selector=selector,
     )["items"]  # fmt: skip
     left = [held("Pod", p.metadata.name, p.metadata.deletion_timestamp, p.metadata.finalizers) for p in pods]
+    if stack.kueue:
+        workloads = stack.call(
+            stack.custom.list_namespaced_custom_object,
+            "kueue.x-k8s.io", "v1beta2", job.namespace, "workloads", label_selector=selector,
+        )["items"]  # fmt: skip
+        for workload in workloads:
+            meta = workload["metadata"]
+            left.append(held("Workload", meta["name"], meta.get("deletionTimestamp"), meta.get("finalizers")))
     left += [held("Service", s.metadata.name, s.metadata.deletion_timestamp, s.metadata.finalizers) for s in services]
     for group in groups:
         meta = group["metadata"]
@@ -563,16 +667,16 @@ def names(seed: int, index: int, namespace: str) -> JobRef:
     return JobRef(namespace, f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}")
 
 
-def drawn(seed: int, index: int) -> tuple[random.Random, list[str]]:
+def drawn(seed: int, index: int, *, kueue: bool = False) -> tuple[random.Random, list[str]]:
     """A run's faults, in the order it injects them (a deletion last: it ends the run), and the generator
-    that goes on to draw their timing."""
+    that goes on to draw their timing; ``kueue`` adds KUEUE_FAULTS to those drawn from."""
     rng = random.Random(f"{seed}:{index}")
-    faults = rng.sample(FAULTS, rng.randint(1, 3))
+    faults = rng.sample((*FAULTS, *KUEUE_FAULTS) if kueue else FAULTS, rng.randint(1, 3))
     return rng, sorted(faults, key=lambda fault: fault in ENDING)
 
 
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
-    rng, faults = drawn(seed, index)
+    rng, faults = drawn(seed, index, kueue=stack.kueue)
     result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
     job = names(seed, index, namespace)
     started = time.monotonic()
@@ -590,7 +694,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         {"metadata": {"name": job.claim},
          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
     )  # fmt: skip
-    stack.create_job(job, chaos_job(job.name, job.claim, result.backoff_limit))
+    stack.create_job(job, chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue))
     watchdog = Watchdog(stack, job)
     try:
         for fault in faults:
@@ -721,7 +825,7 @@ def log_excerpt(log_text: str, name: str, lines: int = 200, tail: int = 3000) ->
 
 
 @contextmanager
-def chaos_stack(parallel: int) -> Iterator[Stack]:
+def chaos_stack(parallel: int, kueue: bool = False) -> Iterator[Stack]:
     """A box with its node and the trainer image, the CRD, a namespace per run going on at once, and the
     operator, watching those namespaces (the chart's namespaced mode)."""
     from bench.apiserver import Api
@@ -730,13 +834,13 @@ def chaos_stack(parallel: int) -> Iterator[Stack]:
 
     with (
         tempfile.TemporaryDirectory(prefix="ddpjob-chaos-") as tmp,
-        Box(Path(tmp) / "box", with_prometheus=False) as box,
+        Box(Path(tmp) / "box", with_prometheus=False, with_kueue=kueue) as box,
     ):
         plane = box.plane
         assert plane is not None
         apply_crd(Api(plane.server, plane.admin_token, str(plane.ca_file)))
         namespaces = [f"chaos-ns-{i}" for i in range(parallel)]
-        stack = Stack(box, namespaces, Path(tmp))
+        stack = Stack(box, namespaces, Path(tmp), kueue=kueue)
         try:
             for namespace in namespaces:
                 stack.create_namespace(namespace)
@@ -816,7 +920,8 @@ def summary(
     ``fired``: the points the armed operator exited at."""
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
-    rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in FAULTS]
+    kinds = (*FAULTS, *(k for k in KUEUE_FAULTS if drawn[k]))
+    rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in kinds]
     head = table(["fault", "injected", "skipped or too late (the job or the rank had ended)"], rows)
     total = [[len(results), parallel, sum(bool(r.violations) for r in results),
               sum(r.outcome == "Succeeded" for r in results), sum(r.restarts for r in results if r.restarts > 0),
@@ -844,6 +949,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=1, help="runs going on at once, each with its own job")
     parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
+    parser.add_argument("--kueue", action="store_true", help="Kueue in the box, every job queued, and its faults")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     seed, runs, parallel = args.seed, list(range(args.runs)), args.parallel
@@ -853,7 +959,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--replay {args.replay}: the runs must share one seed")
         seed, runs, parallel = pairs[0][0], [run for _, run in pairs], len(pairs)
     started = time.monotonic()
-    with chaos_stack(parallel) as stack:
+    with chaos_stack(parallel, kueue=args.kueue) as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
         assert stack.box.plane is not None
         restarted, fired = list(stack.box.plane.restarted), list(stack.fired)

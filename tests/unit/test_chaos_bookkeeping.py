@@ -88,6 +88,19 @@ def test_a_deletion_is_the_last_fault_of_its_run_and_every_kind_is_drawn() -> No
     assert seen == set(FAULTS)
 
 
+def test_with_kueue_the_draw_adds_preemption_and_a_kueue_restart_and_leaves_the_plain_draws_alone() -> None:
+    from bench.chaos import KUEUE_FAULTS, chaos_job
+
+    queued = {f for index in range(200) for f in drawn(1, index, kueue=True)[1]}
+    assert queued == {*FAULTS, *KUEUE_FAULTS}
+    assert not {f for index in range(200) for f in drawn(1, index)[1]} & set(KUEUE_FAULTS)
+    body = chaos_job("j", "c", 5, kueue=True)
+    assert body["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "user-queue",
+                                          "kueue.x-k8s.io/priority-class": "low-priority"}  # fmt: skip
+    assert body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"example.com/slot": "1"}
+    assert chaos_job("j", "c", 5)["metadata"]["labels"] == {}
+
+
 def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it_begins() -> None:
     lines = [f"chaos/chaos-1-24: line {i}" for i in range(3)] + ["chaos/chaos-1-2: other", "pod chaos-1-24-0 gone"]
     filler = "x" * 5000
