@@ -1,8 +1,10 @@
-"""The whole box: control plane, a real node (kubelet with containerd) and Prometheus, started and stopped as one."""
+"""The whole box: control plane, a real node (kubelet with containerd), Prometheus and, when asked, Kueue,
+started and stopped as one."""
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +13,10 @@ from typing import Any
 
 from ddpjob_box import images as local_images
 from ddpjob_box.controlplane import ControlPlane
+from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.kubenode.subnet import pick_subnet
+from ddpjob_box.kueue import Kueue
 from ddpjob_box.processes import Component
 from ddpjob_box.prometheus import Prometheus
 from ddpjob_box.provisioner import storage_class
@@ -21,6 +25,9 @@ NODE_NAME = "box-node"
 SLOT_RESOURCE = "example.com/slot"
 """An extended resource the box's node advertises, as a device plugin would: for scheduling tests and demos."""
 DEFAULT_SLOTS = 4
+KUEUE_SLOTS = 8
+"""With Kueue, the node has more slots than the tests' ClusterQueues grant (4): Kueue's quota, not the scheduler,
+is then what holds a job back."""
 
 
 def shipped_images() -> list[str]:
@@ -33,6 +40,10 @@ class Box:
     data_dir: Path
     with_node: bool = True
     with_prometheus: bool = True
+    # Kueue from its own chart, its manager on the node (ddpjob_box.kueue); needs the node
+    with_kueue: bool = False
+    # SLOT_RESOURCE on the node: DEFAULT_SLOTS, or KUEUE_SLOTS with Kueue
+    slots: int | None = None
     apiserver_port: int | None = None
     reset: bool = False
     box_id: str = field(default_factory=lambda: secrets.token_hex(3))
@@ -40,6 +51,7 @@ class Box:
     node: KubeletNode | None = None
     provisioner: Component | None = None
     prometheus: Prometheus | None = None
+    kueue: Kueue | None = None
     # Nodes started so far: each gets its own bridge and /24. A node started where an earlier one of this box
     # ran, on the same gateway, left pods unable to reach kubernetes.default.svc (connections timed out).
     nodes_started: int = 0
@@ -52,16 +64,26 @@ class Box:
         self.stop()
 
     def start(self) -> None:
+        if self.with_kueue and not self.with_node:
+            raise BoxError("Kueue runs on the box's node: drop --no-node to use --kueue")
         self.plane = ControlPlane(data_dir=self.data_dir, apiserver_port=self.apiserver_port, reset=self.reset)
         try:
             self.plane.start()
             if self.with_node:
-                self.start_node(images=shipped_images())
+                kueue_image = [local_images.ensure_kueue()] if self.with_kueue else []
+                self.start_node(images=[*shipped_images(), *kueue_image], slots=self.node_slots())
+            if self.with_kueue:
+                self.start_kueue()
             if self.with_prometheus:
                 self.start_prometheus()
         except BaseException:
             self.stop()
             raise
+
+    def node_slots(self) -> int:
+        if self.slots is not None:
+            return self.slots
+        return KUEUE_SLOTS if self.with_kueue else DEFAULT_SLOTS
 
     def start_node(
         self, *, images: Sequence[str] = (), taints: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS
@@ -102,6 +124,22 @@ class Box:
             )
             self.provisioner.start()
 
+    def start_kueue(self) -> Kueue:
+        """Install Kueue from its chart, its manager on the box's node from the locally built image, and wait
+        until it is ready (``Box.kueue.stop()`` and ``.start()`` then take it down and up again for tests)."""
+        assert self.plane is not None
+        if self.kueue is None:
+            node = self.node or self.start_node(images=shipped_images(), slots=self.node_slots())
+            started = time.monotonic()
+            image = local_images.ensure_kueue()
+            if local_images.import_into_containerd(image, node.layout.containerd_socket):
+                print(f"kueue: imported {image} into the node ({time.monotonic() - started:.0f}s)", flush=True)
+            kueue = Kueue(kubeconfig=self.plane.kubeconfig, image=image, workdir=self.data_dir / "kueue")
+            # Set before the install: a half-done install is still ours to report on.
+            self.kueue = kueue
+            kueue.install()
+        return self.kueue
+
     def stop_node(self) -> None:
         if self.node:
             self.node.stop()
@@ -132,12 +170,16 @@ class Box:
         parts = [self.plane.log_tails()] if self.plane else []
         if self.node:
             parts.append(self.node.log_tails())
+        if self.kueue and self.kueue.installed:
+            parts.append(f"--- kueue manager (kubectl logs):\n{self.kueue.log_tail()}")
         return "\n".join(parts)
 
     def stop(self) -> None:
         for component in (self.prometheus, self.provisioner):
             if component:
                 component.stop()
+        # Kueue's objects live in the plane's etcd and its pod on the node: both go below.
+        self.kueue = None
         self.stop_node()
         if self.plane:
             self.plane.stop()

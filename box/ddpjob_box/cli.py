@@ -33,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also start the node (kubelet with containerd, runc, a CNI bridge, CoreDNS and kube-proxy, running "
         "the images built from the Dockerfile; needs root) and Prometheus",
     )
+    up.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also install Kueue from its own chart into kueue-system, its manager on the node, built from the Go "
+        "module proxy (tools/kueue), with DDPJob as an external framework and a short waitForPodsReady (docs/box.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             reset=args.reset,
             with_node=args.node,
             with_prometheus=args.node,
+            with_kueue=args.kueue,
         )
         try:
             box.start()
@@ -61,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
             if box.node is not None:
                 print(f"node {box.node.name} Ready; it runs {', '.join(box.node.images)}", flush=True)
+            if box.kueue is not None:
+                print(f"Kueue ready in namespace kueue-system, its manager from {box.kueue.image}", flush=True)
             if box.prometheus is not None:
                 print(f"Prometheus at {box.prometheus.url}", flush=True)
             print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)

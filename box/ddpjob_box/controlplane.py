@@ -253,6 +253,10 @@ class ControlPlane:
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                # The apiserver's identity when it proxies to an aggregated API (Kueue's visibility API): without
+                # it that server sees anonymous requests, refuses discovery, and its APIService stays unavailable.
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 f"--token-auth-file={self.data_dir / 'tokens.csv'}",
                 # Node authorizes kubelets (system:node:<name>) for their own node and pods, as in any cluster.
                 "--authorization-mode=Node,RBAC",

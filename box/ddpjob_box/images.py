@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
 from ddpjob_box.toolchain import cache_dir
@@ -206,6 +207,50 @@ def ensure_pause(*, quiet: bool = False) -> str:
     except BaseException:
         subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
         raise
+    return name
+
+
+KUEUE_REPO = "localhost/ddpjob/kueue"
+# As Kueue's own Dockerfile lays its image out: the manager at /manager, run as its distroless base's nonroot
+# user (the chart's runAsNonRoot needs a numeric one).
+KUEUE_BINARY = "/manager"
+KUEUE_USER = "65532:65532"
+
+
+def ensure_kueue(*, quiet: bool = False) -> str:
+    """Kueue's manager image: the local base with the manager built from the Go module proxy
+    (toolchain.kueue_build), keyed by the binary's digest. Built only for a box that wants Kueue."""
+    binary = toolchain.ensure(toolchain.kueue_build(), quiet=quiet)["kueue"]
+    base = ensure_base(quiet=quiet)
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    name = f"{KUEUE_REPO}:{toolchain.kueue_version()}-{input_key('kueue', base, digest, KUEUE_BINARY, KUEUE_USER)}"
+    if image_id(name):
+        return name
+    if not quiet:
+        print(f"building {name} from {binary}", flush=True)
+    container = buildah("from", "--pull-never", base, what=f"buildah from {base}").strip()
+    try:
+        buildah("copy", "--quiet", container, str(binary), KUEUE_BINARY, what="copying Kueue's manager")
+        buildah(
+            "config",
+            "--entrypoint",
+            json.dumps([KUEUE_BINARY]),
+            "--cmd",
+            "",
+            "--user",
+            KUEUE_USER,
+            "--workingdir",
+            "/",
+            "--label",
+            f"io.ddpjob.inputs={name}",
+            container,
+            what="configuring the Kueue image",
+        )
+        buildah("commit", "--quiet", "--rm", container, name, what=f"committing {name}")
+    except BaseException:
+        subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
+        raise
+    drop_older(name)
     return name
 
 

@@ -19,8 +19,9 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
-    """Write ca.{crt,key}, the serving cert apiserver.{crt,key}, the client cert apiserver-kubelet-client.{crt,key}
-    (the apiserver's identity towards kubelets, for logs and exec) and the service-account keys sa.{key,pub}."""
+    """Write ca.{crt,key}, the serving cert apiserver.{crt,key}, the client certs apiserver-kubelet-client.{crt,key}
+    (the apiserver's identity towards kubelets, for logs and exec) and front-proxy-client.{crt,key} (towards
+    aggregated APIs, such as Kueue's visibility API), and the service-account keys sa.{key,pub}."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("genrsa", "-out", "ca.key", "2048", cwd=directory)
     _openssl(
@@ -40,6 +41,7 @@ def make_pki(directory: Path, ips: Sequence[str], dns: Sequence[str]) -> None:
     issue_cert(directory, "apiserver", "/CN=kube-apiserver", server=True, ips=ips, dns=dns)
     kubelet_client = "/O=system:masters/CN=kube-apiserver-kubelet-client"
     issue_cert(directory, "apiserver-kubelet-client", kubelet_client, server=False)
+    issue_cert(directory, "front-proxy-client", "/CN=front-proxy-client", server=False)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
 
