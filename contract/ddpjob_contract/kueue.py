@@ -28,7 +28,9 @@ ADMISSION_MANAGER = "kueue-admission"
 """The field manager of a Workload's admission: clearing it after an eviction must be applied as this manager,
 as Kueue's own job reconciler does."""
 FIELD_MANAGER = "ddpjob-operator"
-"""The operator's own field manager for the Workload conditions it keeps (PodsReady, Finished)."""
+"""The prefix of the operator's field managers for what it keeps in a Workload's status: one per field
+(``ddpjob-operator-PodsReady``, ``-Finished``, ``-reclaimablePods``), as Kueue names its own, since an apply
+removes whatever its manager applied before and left out."""
 
 EVICTED_REQUEUED = frozenset({"Preempted", "NodeFailures"})
 """Eviction reasons after which Kueue expects the Workload's Requeued condition True."""

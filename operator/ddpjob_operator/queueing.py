@@ -289,7 +289,7 @@ def pods_ready(q: Queueing, ready: bool, now: datetime) -> StatusApply | None:
         new["lastTransitionTime"] = old.get("lastTransitionTime") or new["lastTransitionTime"]
     body = _base(q)
     body["status"] = {"conditions": [new]}
-    return StatusApply(manager=kueue.FIELD_MANAGER, body=body)
+    return StatusApply(manager=f"{kueue.FIELD_MANAGER}-PodsReady", body=body)
 
 
 def finished(q: Queueing, succeeded: bool, message: str, now: datetime) -> StatusApply:
@@ -297,11 +297,11 @@ def finished(q: Queueing, succeeded: bool, message: str, now: datetime) -> Statu
     body = _base(q)
     reason = "Succeeded" if succeeded else "Failed"
     body["status"] = {"conditions": [_cond("Finished", True, reason, message, now, generation)]}
-    return StatusApply(manager=kueue.FIELD_MANAGER, body=body)
+    return StatusApply(manager=f"{kueue.FIELD_MANAGER}-Finished", body=body)
 
 
 def reclaimable(q: Queueing, count: int) -> StatusApply:
     """Ranks that exited 0 need no quota any more (it may only grow while the quota is held)."""
     body = _base(q)
     body["status"] = {"reclaimablePods": [{"name": kueue.POD_SET, "count": count}]}
-    return StatusApply(manager=kueue.FIELD_MANAGER, body=body)
+    return StatusApply(manager=f"{kueue.FIELD_MANAGER}-reclaimablePods", body=body)

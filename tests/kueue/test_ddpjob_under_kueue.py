@@ -30,6 +30,8 @@ from .conftest import LOCAL_QUEUE, KueueCluster
 pytestmark = pytest.mark.e2e
 
 SLOT = "example.com/slot"
+WORKLOADS = "workloads.kueue.x-k8s.io"
+"""Named in full: Kubernetes 1.37 serves a Workload of its own (scheduling.k8s.io), which kubectl may pick first."""
 T = TypeVar("T")
 
 
@@ -167,7 +169,7 @@ def test_quota_runs_two_of_three_jobs_and_admits_the_third_when_one_finishes(clu
         for name in ("q1", "q2", "q3"):
             cluster.wait_phase(name, "Succeeded", 900)
     assert 0 < watch.peak <= 4, f"at most 4 slots in use, counted from the pods: {watch.peak}"
-    workload = cluster.get("workloads")["items"]
+    workload = cluster.get(WORKLOADS)["items"]
     assert len(workload) == 3 and all(
         any(c["type"] == "Finished" and c["status"] == "True" for c in w["status"]["conditions"]) for w in workload
     ), workload
@@ -222,7 +224,7 @@ def test_a_job_whose_image_does_not_exist_is_evicted_by_podsreadytimeout_and_req
     assert "EvictedByKueue" in events, events
     # its pods go, Kueue's quota is given back, and the Workload is requeued
     wait_for("the job's pods gone", lambda: cluster.pods("noimage") == [], 120)
-    workload = cluster.get("workloads")["items"][0]
+    workload = cluster.get(WORKLOADS)["items"][0]
     requeued = {c["type"]: c for c in workload["status"]["conditions"]}
     assert requeued["QuotaReserved"]["status"] == "False" or requeued.get("Requeued", {}).get("status"), workload
     status_line = json.dumps(cluster.status("noimage"))

@@ -234,3 +234,15 @@ def test_a_job_without_the_label_is_untouched() -> None:
     j = job()
     p = plan(j, JobStatus(), [], T0)
     assert p.create_ranks == (0, 1) and not p.create_workload and p.status.phase is Phase.PENDING
+
+
+def test_each_field_the_operator_keeps_in_the_workload_has_a_field_manager_of_its_own() -> None:
+    """An apply removes what its manager applied before and left out: one manager for PodsReady and
+    reclaimablePods together made the next PodsReady apply drop reclaimablePods, which Kueue's webhook refuses
+    ('status.reclaimablePods[ranks]: Required value: cannot be removed'), as seen on the box."""
+    j, _, _ = running_job()
+    q = read(j, workload(j, *ADMITTED))
+    applies = [queueing.pods_ready(q, True, T0), queueing.reclaimable(q, 1), queueing.finished(q, True, "done", T0)]
+    managers = [a.manager for a in applies if a is not None]
+    assert len(managers) == 3 and len(set(managers)) == 3, managers
+    assert kueue.ADMISSION_MANAGER not in managers
