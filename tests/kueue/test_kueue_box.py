@@ -254,3 +254,37 @@ def test_kueues_pod_webhook_leaves_a_pod_its_ddpjob_queues_to_the_operator_at_on
     assert time.monotonic() - started < 5
     assert not created["spec"].get("schedulingGates"), "Kueue gated a pod its DDPJob owner queues"
     assert "kueue.x-k8s.io/managed" not in created["metadata"].get("labels", {})
+
+
+def test_a_job_whose_pods_never_get_ready_is_evicted_for_pods_ready_timeout_and_requeued(
+    kueue_cluster: KueueCluster, queues: str, tmp_path: Path
+) -> None:
+    """waitForPodsReady as the box configures it: evicted 60 s after admission, requeued after about 5 s."""
+    kubectl, ns = kueue_cluster.kubectl, queues
+    job = batch_job("never-ready")
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = "localhost/ddpjob/absent:none"
+    uid = json.loads(create(kubectl, tmp_path, job, "-n", ns).stdout)["metadata"]["uid"]
+
+    def workload() -> dict[str, Any]:
+        found = get(kubectl, "workloads.kueue.x-k8s.io", "-n", ns)["items"]
+        return next((w for w in found if w["metadata"]["ownerReferences"][0]["uid"] == uid), {})
+
+    started = time.monotonic()
+    wait_for("the Workload to be admitted", lambda: is_true(workload(), "Admitted"), 60)
+    admitted = time.monotonic()
+    evicted = wait_for(
+        "the eviction", lambda: (c := condition(workload(), "Evicted")) and c["status"] == "True" and c, 120
+    )
+    assert evicted["reason"] == "PodsReadyTimeout", evicted
+    evicted_after = time.monotonic() - admitted
+    requeued = wait_for("the requeue", lambda: (w := workload()).get("status", {}).get("requeueState") and w, 60)
+    assert requeued["status"]["requeueState"]["count"] >= 1
+    # Kueue stops the Job and gives back its quota, then admits it again once the backoff has passed.
+    wait_for("the Workload to give back its quota", lambda: not is_true(workload(), "QuotaReserved"), 60)
+    evicted_at = time.monotonic()
+    wait_for("the Workload to be admitted again", lambda: is_true(workload(), "Admitted"), 60)
+    print(
+        f"admitted {admitted - started:.0f}s after creation, evicted (PodsReadyTimeout) {evicted_after:.0f}s after"
+        f" admission, admitted again {time.monotonic() - evicted_at:.0f}s after giving back its quota"
+    )
+    kubectl("delete", "job", "never-ready", "-n", ns)

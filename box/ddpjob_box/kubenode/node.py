@@ -10,6 +10,7 @@ itself, then puts the host back as the snapshot found it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -24,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ddpjob_box import toolchain
 from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
@@ -54,6 +55,10 @@ RECORD = "node-record.json"
 # The host as the first of several nodes found it, restored by the last to stop.
 HOST_RECORD = SOCKETS_ROOT / "host-before.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+# Held by the node that runs kube-proxy, for as long as it runs: Service rules are host-wide (kube-proxy rewrites
+# the KUBE-SERVICES chain with its own cluster's Services), so a second box's kube-proxy would send this box's
+# pods to the other box's apiserver (seen: "x509: certificate signed by unknown authority" in Kueue's pod).
+PROXY_LOCK = SOCKETS_ROOT / "kube-proxy.lock"
 # Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
 Importer = Callable[[str, Path], object]
 
@@ -86,6 +91,7 @@ class KubeletNode:
     before: hoststate.HostState | None = None
     # containerd's image store, leased from the cache while the node runs (kubenode.store)
     lease: store.StoreLease | None = None
+    proxy_lock: IO[str] | None = None
     # What restore could not undo at the last stop; empty when the host is as it was.
     leftovers: list[str] = field(default_factory=list)
 
@@ -116,6 +122,8 @@ class KubeletNode:
                 f"the data directory's path is too long for kubelet's unix sockets ({longest} has "
                 f"{len(str(longest))} bytes, the limit is 107): choose a shorter --data-dir"
             )
+        if self.with_proxy:
+            self.proxy_lock = claim_service_rules(self.directory)
         bins = toolchain.ensure(toolchain.kubernetes_node_build())
         if self.with_dns:
             bins |= toolchain.ensure(toolchain.coredns_build())
@@ -412,6 +420,9 @@ class KubeletNode:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
             (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
+        if self.proxy_lock is not None:
+            self.proxy_lock.close()
+            self.proxy_lock = None
 
     def container_pid(self, container_id: str) -> int:
         """The host PID of a running container's first process, found by its cgroup under this node's root;
@@ -541,6 +552,36 @@ def _cgroup_pids(path: Path) -> set[int]:
         return {int(line) for line in (path / "cgroup.procs").read_text().split()}
     except OSError:
         return set()
+
+
+def claim_service_rules(directory: Path) -> IO[str]:
+    """The host's Service rules for this node's kube-proxy, or a BoxError naming the box that has them."""
+    SOCKETS_ROOT.mkdir(parents=True, exist_ok=True)
+    lock = open(PROXY_LOCK, "a+")  # noqa: SIM115 (held open: the claim lasts as long as the node)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another box"
+        lock.close()
+        raise BoxError(
+            f"another box's node runs kube-proxy on this host ({holder}): Service rules are host-wide, so two "
+            "would route each other's Services; stop that box first"
+        ) from None
+    # A box started by an older checkout does not take the lock: its kube-proxy process says it is there.
+    others = [
+        f"pid {pid}: {argv.strip()}" for pid, argv in _processes() if argv.split(" ", 1)[0].endswith("/kube-proxy")
+    ]
+    if others:
+        lock.close()
+        raise BoxError(
+            f"another box's kube-proxy runs on this host ({', '.join(others)}): Service rules are host-wide, so "
+            "two would route each other's Services; stop that box first"
+        )
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()}, node directory {directory}\n")
+    lock.flush()
+    return lock
 
 
 def _processes() -> list[tuple[int, str]]:
