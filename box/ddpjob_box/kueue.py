@@ -51,7 +51,8 @@ WAIT_FOR_PODS_READY: dict[str, Any] = {
     },
 }
 
-# A 2-core box under training load answers probes slowly: 1 s (the chart's) restarted the manager for nothing.
+# A precaution, not a failure seen: a 2-core box under training load may answer a probe in over a second (the
+# chart's timeout), and three missed liveness probes restart the manager.
 PROBE_TIMEOUT_S = 5
 
 

@@ -414,15 +414,17 @@ class KubeletNode:
             self.lease = None
         if self.coredns:
             self.coredns.stop()
+        if self.proxy_lock is not None:
+            # Removed while still held, so the last node leaves /run/ddpjob empty for _restore to remove.
+            PROXY_LOCK.unlink(missing_ok=True)
+            self.proxy_lock.close()
+            self.proxy_lock = None
         if self.before is not None:
             self.leftovers = _restore(self.before, self.layout, self.bridge, self.cgroup_root)
             if self.leftovers:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
             (self.directory / RECORD).unlink(missing_ok=True)
             self.before = None
-        if self.proxy_lock is not None:
-            self.proxy_lock.close()
-            self.proxy_lock = None
 
     def container_pid(self, container_id: str) -> int:
         """The host PID of a running container's first process, found by its cgroup under this node's root;
@@ -573,6 +575,7 @@ def claim_service_rules(directory: Path) -> IO[str]:
         f"pid {pid}: {argv.strip()}" for pid, argv in _processes() if argv.split(" ", 1)[0].endswith("/kube-proxy")
     ]
     if others:
+        PROXY_LOCK.unlink(missing_ok=True)  # ours (we hold it): leave /run/ddpjob as it was
         lock.close()
         raise BoxError(
             f"another box's kube-proxy runs on this host ({', '.join(others)}): Service rules are host-wide, so "
