@@ -28,7 +28,7 @@ from ddpjob_operator import builders, faults, metrics, queueing
 from ddpjob_operator.api import Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
-from ddpjob_operator.lifecycle import Plan, plan, plan_invalid
+from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
@@ -340,6 +340,7 @@ class Controller:
         try:
             if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
                 self._api.create(builders.workload(job, self._priority(job)))
+            job = as_admitted(job, the_plan.status)  # the ranks Kueue admitted: the gang, its PodGroup, WORLD_SIZE
             if the_plan.create_service:
                 self._api.create(builders.service(job))
             if the_plan.create_pod_group:

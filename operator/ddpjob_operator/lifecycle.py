@@ -193,7 +193,7 @@ def _plan(
     events: tuple[Event, ...] = ()
     if status.phase is Phase.NEW:
         status, events = apply(status, _create(job, pod_groups), now)
-    job = _admitted(job, status)
+    job = as_admitted(job, status)
     obs = _observe(job, status, pods)
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
@@ -208,14 +208,14 @@ def _plan(
         if new != status or told:
             status, events = new, events + told
             break
-    job = _admitted(job, status)
+    job = as_admitted(job, status)
     if status.attempt != view.status.attempt or job.spec.replicas != view.job.spec.replicas:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
     the_plan = _plan_for(job, status, obs, now, events, placement is gang.Placement.GANG)
     return replace(the_plan, placement=queued.placement) if queued.may_run() else the_plan
 
 
-def _admitted(job: Job, status: JobStatus) -> Job:
+def as_admitted(job: Job, status: JobStatus) -> Job:
     """The job as Kueue admitted it: fewer ranks under partial admission (the pods, the PodGroup and WORLD_SIZE
     follow), else as written."""
     count = status.admitted_replicas

@@ -95,9 +95,14 @@ def cluster(kueue_cluster: KueueCluster, queues: str, tmp_path: Path) -> Iterato
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     wait_established(kueue_cluster.kubeconfig, "ddpjobs.ddpjob.dev")
     op = OperatorProcess(kueue_cluster.kubeconfig, tmp_path / "operator.log", namespaces=[queues])
+    cluster = Cluster(kueue_cluster, queues)
     try:
-        yield Cluster(kueue_cluster, queues)
+        yield cluster
     finally:
+        # The jobs go while the operator runs: it drops Kueue's finalizer from their Workloads, as in a cluster.
+        # Stopped first, it would leave them holding their quota, and the namespace terminating, for good.
+        kubectl("delete", "ddpjobs", "--all", "-n", queues, "--wait=false", check=False)
+        wait_for("the test's Workloads gone", lambda: not cluster.get(WORKLOADS)["items"], 120)
         op.stop()
         log = op.log()
         print(f"--- operator log:\n{log[-6000:]}")

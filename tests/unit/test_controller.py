@@ -75,6 +75,22 @@ class FakeKube:
         self._call("GET namespace")
         return {"metadata": {"name": name, "deletionTimestamp": self.namespace_deleted}}
 
+    # Kueue's Workloads: none here (a job without the queue label never asks)
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("GET workload")
+        return None
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        self._call(f"GET {plural}")
+        return None
+
+    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None:
+        self._call(f"APPLY workload status as {manager}")
+
+    def release_workload(self, namespace: str, name: str) -> None:
+        self._call("RELEASE workload")
+
 
 class Inline(Executor):
     """Runs each task at once in the calling thread: the controller's Events, in order, for the test to read."""
@@ -450,3 +466,41 @@ def test_a_reconcile_creating_pods_ends_when_the_operator_stops_and_cancels_the_
     worker.join(10)
     assert not worker.is_alive(), "the reconcile still waits on creates that were cancelled"
     assert [type(e) for e in failed] == [CancelledError]
+
+
+class AdmittedByKueue(FakeKube):
+    """A job labelled for a Kueue queue whose Workload Kueue admitted with 2 of its 4 ranks (partial admission)."""
+
+    def __init__(self) -> None:
+        super().__init__(replicas=4)
+        self.job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+        self.job["spec"]["minReplicas"] = 2
+        self.created: list[Mapping[str, Any]] = []
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.created.append(obj)
+        return super().create(obj)
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("GET workload")
+        conditions = [{"type": t, "status": "True", "reason": t, "message": ""} for t in ("QuotaReserved", "Admitted")]
+        admission = {"clusterQueue": "cq", "podSetAssignments": [{"name": "ranks", "flavors": {}, "count": 2}]}
+        return {"metadata": {"name": name, "namespace": namespace, "uid": "w", "finalizers": []},
+                "spec": {"podSets": [{"name": "ranks", "count": 4, "minCount": 2}]},
+                "status": {"conditions": conditions, "admission": admission}}  # fmt: skip
+
+
+def test_under_partial_admission_the_pods_and_the_podgroup_are_built_for_the_admitted_ranks(
+    creates: Executor,
+) -> None:
+    kube = AdmittedByKueue()
+    ctl = controller(kube, creates, pod_groups=True)
+    kube.job["status"] = {"phase": "Queued", "attempt": 0, "launchedAttempt": -1}
+    ctl.reconcile(KEY)  # admitted: the attempt's pods are made in the same reconcile
+    pods = [o for o in kube.created if o["kind"] == "Pod"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["train-0", "train-1"]
+    env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert env["WORLD_SIZE"] == "2"
+    (group,) = [o for o in kube.created if o["kind"] == "PodGroup"]
+    assert group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2
+    assert kube.job["status"]["admittedReplicas"] == 2
