@@ -114,6 +114,10 @@ def test_the_kueue_rbac_is_granted_where_the_cluster_serves_kueue_or_when_asked(
                 ("workloads/status", "patch"),
                 ("resourceflavors", "get"), ("workloadpriorityclasses", "get")}  # fmt: skip
     assert kueue == (expected if granted else set())
+    read_by_kueue = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"].endswith("kueue")]
+    assert [s for d in read_by_kueue for s in d["subjects"]] == (
+        [{"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}] if granted else []
+    )
 
 
 def test_the_operator_pod_asks_for_nothing_pod_security_restricted_forbids() -> None:
