@@ -61,7 +61,7 @@ def main() -> None:
     )
     amp = loops.AMP.get(args.amp)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    syncs = loops.SyncCounter() if args.sync_check and device.type == "cuda" and rank == 0 else None
+    syncs = loops.SyncCounter(device) if args.sync_check and rank == 0 else None
     window = loops.window(args, device, syncs)
     on_cpu = device.type == "cpu"
     fwd_bwd_ms: list[float] = []
