@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 
 from ddpjob_box import images
-from ddpjob_box.box import KUEUE_SLOTS, NODE_NAME, SLOT_RESOURCE
+from ddpjob_box.box import KUEUE_SLOTS, NODE_NAME, SLOT_RESOURCE, Box
+from ddpjob_box.errors import BoxError
 from ddpjob_box.kueue import DEPLOYMENT, EXTERNAL_FRAMEWORK, NAMESPACE, WAIT_FOR_PODS_READY, WEBHOOK_SERVICE
 from tests.chart.helm import wait_established
 from tests.e2e.conftest import CRD, Kubectl
@@ -288,3 +290,15 @@ def test_a_job_whose_pods_never_get_ready_is_evicted_for_pods_ready_timeout_and_
         f" admission, admitted again {time.monotonic() - evicted_at:.0f}s after giving back its quota"
     )
     kubectl("delete", "job", "never-ready", "-n", ns)
+
+
+def test_a_second_box_cannot_start_a_node_beside_this_one(kueue_cluster: KueueCluster) -> None:
+    """Service rules are host-wide: a second box's kube-proxy sent this box's pods (Kueue's among them) to the
+    other apiserver. The second box's node is refused at once, naming the first, and the first is unharmed."""
+    # A short path, as the fixture's: kubelet's socket paths must fit in 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
+        second = Box(data_dir=Path(tmp) / "box", with_prometheus=False)
+        with pytest.raises(BoxError, match="another box's node runs kube-proxy on this host") as refused:
+            second.start()
+    assert str(kueue_cluster.box.data_dir) in str(refused.value)
+    assert kueue_cluster.kueue.webhooks_answer()
