@@ -22,6 +22,7 @@ import pytest
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 from tests.chart.helm import wait_established
+from tests.e2e import kube
 from tests.e2e.conftest import CRD
 from tests.e2e.jobs import cpu_job
 
@@ -36,14 +37,8 @@ T = TypeVar("T")
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float, interval: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
-        time.sleep(interval)
+    """tests/e2e's wait_for, polling once a second: each look here is a kubectl process."""
+    return kube.wait_for(what, check, timeout, interval)
 
 
 class Cluster:
