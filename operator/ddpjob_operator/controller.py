@@ -200,9 +200,10 @@ class Controller:
         body = cached if cached is not None else self._api.get_job(*key)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.forget(key)
-            workload = self._workloads.pop(key, None)
+            workload = self._workloads.get(key)
             if workload is not None:  # Kueue holds the quota until its finalizer goes (the collector then deletes it)
                 self._api.release_workload(key[0], workload)
+                self._workloads.pop(key, None)  # only once released: a failed release is retried with the reconcile
             return None  # gone or going: owner references let the garbage collector take the children
         if self._in_terminating_namespace(key, body):
             return None

@@ -240,20 +240,28 @@ class Kube:
                 if (m := w.get("metadata") or {}).get("deletionTimestamp")
                 and kueue.FINALIZER in (m.get("finalizers") or [])]  # fmt: skip
 
-    def release_workload(self, namespace: str, name: str) -> None:
-        """Drop Kueue's resource-in-use finalizer (gone already: done)."""
+    def release_workload(self, namespace: str, name: str, tries: int = 5) -> None:
+        """Drop Kueue's resource-in-use finalizer (gone already: done). The patch names the resourceVersion read, so
+        it never drops another's finalizer; a Workload changed meanwhile (the garbage collector marking it deleted,
+        Kueue writing its status: 409, seen in the chaos soak) is read again."""
         path = self._workload_path(namespace, name)
-        found = self.get(path)
-        finalizers = list(((found or {}).get("metadata") or {}).get("finalizers") or [])
-        if found is None or kueue.FINALIZER not in finalizers:
-            return
-        meta = {"finalizers": [f for f in finalizers if f != kueue.FINALIZER],
-                "resourceVersion": found["metadata"]["resourceVersion"]}  # fmt: skip
-        try:
-            self._request("PATCH", path, body={"metadata": meta}, content_type="application/merge-patch+json")
-        except KubeError as err:
-            if err.status != 404:
-                raise
+        for _ in range(tries):
+            found = self.get(path)
+            finalizers = list(((found or {}).get("metadata") or {}).get("finalizers") or [])
+            if found is None or kueue.FINALIZER not in finalizers:
+                return
+            meta = {"finalizers": [f for f in finalizers if f != kueue.FINALIZER],
+                    "resourceVersion": found["metadata"]["resourceVersion"]}  # fmt: skip
+            try:
+                self._request("PATCH", path, body={"metadata": meta}, content_type="application/merge-patch+json")
+                return
+            except Conflict:
+                continue
+            except KubeError as err:
+                if err.status != 404:
+                    raise
+                return
+        raise Conflict(409, f"workload {namespace}/{name} kept changing while its finalizer was dropped")
 
     # PodGroups (gang scheduling)
 

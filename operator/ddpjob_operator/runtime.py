@@ -118,8 +118,9 @@ class Runtime:
                     for ns, name in self.kube.deleted_workloads(scope):
                         if (ns, name.removeprefix("ddpjob-").rsplit("-", 1)[0]) not in self.served:
                             self.kube.release_workload(ns, name)
-                except Exception as err:
-                    log.debug("workload sweep of %s: %s", scope or "all namespaces", err)
+                except Exception as err:  # the apiserver restarting: the next sweep tries again, and says so
+                    log.warning("workload sweep of %s failed (%s); trying again in %.0fs", scope or "all namespaces",
+                                err, WORKLOAD_SWEEP_SECONDS)  # fmt: skip
 
     async def _reconcile(self, key: Key) -> float | None:
         try:
