@@ -203,6 +203,8 @@ class Failure:
         text = f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code}"
         if self.exit_reason == "OOMKilled":
             text += " (OOMKilled: it went over its memory limit)"
+        elif self.exit_reason == "StartError":  # never ran: as when kubelet restarted while it started it
+            text += " (StartError: the container never ran)"
         return f"{text}: {self.message}" if self.message else text
 
 

@@ -235,3 +235,16 @@ def test_a_job_with_no_restart_to_spare_must_fail_with_backoff_limit_exceeded() 
 def test_every_eighth_run_has_no_restart_to_spare() -> None:
     limits = [backoff_limit(index) for index in range(16)]
     assert limits == [5] * 7 + [0] + [5] * 7 + [0]
+
+
+def test_a_trainer_container_that_never_ran_is_charged_to_the_kubelet_restart_that_caused_it() -> None:
+    """Chaos --kueue run 1:19: the trainer container itself (not the init container) failed to start as another
+    run's kubelet restart landed (exit 128, StartError): the operator's message says so, and the soak counts it."""
+    from bench.chaos import never_started
+    from ddpjob_operator.status import Failure
+
+    failure = Failure(rank=0, pod="j-0", exit_code=128, exit_reason="StartError",
+                      message='failed to start containerd task "9e": context canceled: unknown')  # fmt: skip
+    event = f"RetryableFailure: {failure.describe()}; restarting the gang as attempt 2 (restart 2 of 5)"
+    assert never_started([event]) == 1
+    assert never_started(["RetryableFailure: rank 0 (pod j-0) exited with code 137"]) == 0
