@@ -143,5 +143,14 @@ def pytest_runtest_makereport(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need no node run first: once the box's node is up, it would run the pods that cluster
-    tests drive by hand. A stable sort keeps every other order as collected."""
-    items.sort(key=lambda item: "node" in getattr(item, "fixturenames", ()))
+    tests drive by hand. The Kueue tests run last: their box has a node of its own, and only one node's
+    kube-proxy may run on a host, so the session box's node is stopped for them (tests/kueue/conftest.py).
+    A stable sort keeps every other order as collected."""
+    items.sort(key=lambda item: ("/kueue/" in f"/{item.nodeid}", "node" in getattr(item, "fixturenames", ())))
+
+
+def stop_session_node() -> None:
+    """Stop the session box's node, if it runs, for a box of another test package that needs one (the Kueue
+    tests, which run last): a host takes one node's kube-proxy at a time."""
+    if _BOX is not None:
+        _BOX.stop_node()

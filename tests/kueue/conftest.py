@@ -21,6 +21,7 @@ import pytest
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kueue import Kueue
+from tests.conftest import stop_session_node
 from tests.e2e.conftest import Kubectl
 
 QUEUES = Path(__file__).with_name("queues.yaml")
@@ -44,6 +45,7 @@ def kueue_cluster() -> Iterator[KueueCluster]:
     global _BOX
     if os.geteuid() != 0:
         pytest.skip("the box's node, which runs Kueue, needs root")
+    stop_session_node()  # these tests run last (tests/conftest.py): no later test needs that node
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
         box = Box(data_dir=Path(tmp) / "box", with_kueue=True, with_prometheus=False)
         started = time.monotonic()
