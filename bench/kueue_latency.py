@@ -14,7 +14,7 @@ own process, and tests/kueue/queues.yaml. Each trial creates a 2-rank DDPJob in 
   ``Deactivated``, as an admin would) and times from the first poll that sees ``Evicted`` True to the first that
   finds no pod of the job (the operator deletes them; kubelet stops each rank with SIGTERM, then deletes it).
 
-The operator reads a queued job's Workload every 2 s (no watch yet), which bounds the first figure from below.
+The operator reads a labelled job's Workload every 2 s (no watch yet), which bounds the first figure from below.
 """
 
 from __future__ import annotations
