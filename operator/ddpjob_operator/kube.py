@@ -120,12 +120,7 @@ class Kube:
         return f"{base}/{quote(name)}" if name else base
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self._request("GET", self._job_path(namespace, name)))
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+        return self.get(self._job_path(namespace, name))
 
     def replace_job_status(self, job: Mapping[str, Any]) -> dict[str, Any]:
         """PUT the status subresource; the body's resourceVersion makes a stale write a Conflict."""
@@ -133,12 +128,7 @@ class Kube:
         return dict(self._request("PUT", self._job_path(meta["namespace"], meta["name"]) + "/status", body=job))
 
     def get_namespace(self, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self._request("GET", f"/api/v1/namespaces/{quote(name)}"))
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+        return self.get(f"/api/v1/namespaces/{quote(name)}")
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
@@ -204,18 +194,17 @@ class Kube:
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Workload, or None; ``NotServed`` when Kueue is not installed."""
-        return self.get(self._workload_path(namespace, name))
+        return self.get(self._workload_path(namespace, name), unserved=True)
 
-    def get(self, path: str) -> dict[str, Any] | None:
-        """The object at ``path``, or None where there is none (``NotServed`` where its API is not served)."""
+    def get(self, path: str, *, unserved: bool = False) -> dict[str, Any] | None:
+        """The object at ``path``, or None where there is none; with ``unserved``, ``NotServed`` where its whole
+        API is not served (else that is None too)."""
         try:
             return dict(self._request("GET", path))
-        except NotServed:
-            raise
         except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+            if err.status != 404 or (unserved and isinstance(err, NotServed)):
+                raise
+            return None
 
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster-scoped Kueue object (resourceflavors, workloadpriorityclasses), or None."""
