@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,11 +57,15 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
 
     def columns() -> dict[str, str] | None:
         out = kubectl("get", "ddpj", "straggle", "-n", namespace).stdout.splitlines()
-        row = dict(zip(out[0].split(), out[1].split(), strict=False))
+        # cut by the header's columns: an empty cell (QUEUE, for a job without a Kueue queue) is one too
+        starts = [m.start() for m in re.finditer(r"\S+", out[0])]
+        cells = [out[1][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        row = dict(zip(out[0].split(), cells, strict=True))
         return row if row.get("STEP", "").isdigit() and int(row["STEP"]) > 0 and row.get("IMG/S") else None
 
     row = wait_for("kubectl get ddpj to show STEP, IMG/S and STEP-TIME", columns, 60, interval=2)
-    assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "AGE"]
+    assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "QUEUE", "AGE"]
+    assert row["QUEUE"] == "", "a job without the kueue.x-k8s.io/queue-name label has nothing in QUEUE"
     assert row["PHASE"] == "Running" and float(row["IMG/S"]) > 0 and row["STEP-TIME"].endswith("ms")
 
     flagged = wait_for(
