@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from ddpjob_contract import kueue
 from ddpjob_operator import api, metrics, namespaces
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
@@ -111,16 +112,24 @@ class Runtime:
     def _sweep_workloads(self, scopes: list[str]) -> None:
         """Kueue keeps a Workload's quota until its finalizer goes. A job deleted unfinished has it dropped at once
         (``Controller``); one deleted while no operator ran is found here, as the garbage collector deletes its
-        Workload, within a sweep."""
+        Workload, within a sweep. A cluster without Kueue is not asked (RBAC answers 403 before the apiserver
+        would say 404, and the chart grants Workloads only where Kueue is served); a failure is said once, until
+        it changes."""
+        said = ""
         while not self._stopped.wait(WORKLOAD_SWEEP_SECONDS):
-            for scope in scopes if scopes and not namespaces.any_pattern(scopes) else [""]:
-                try:
+            try:
+                if not self.kube.serves(kueue.API_VERSION, "workloads"):
+                    continue
+                for scope in scopes if scopes and not namespaces.any_pattern(scopes) else [""]:
                     for ns, name in self.kube.deleted_workloads(scope):
                         if (ns, name.removeprefix("ddpjob-").rsplit("-", 1)[0]) not in self.served:
                             self.kube.release_workload(ns, name)
-                except Exception as err:  # the apiserver restarting: the next sweep tries again, and says so
-                    log.warning("workload sweep of %s failed (%s); trying again in %.0fs", scope or "all namespaces",
-                                err, WORKLOAD_SWEEP_SECONDS)  # fmt: skip
+                said = ""
+            except Exception as err:  # the apiserver restarting, or RBAC without Workloads: the next sweep tries again
+                if str(err) != said:
+                    log.warning("the sweep for deleted jobs' Workloads failed (%s); trying again every %.0fs", err,
+                                WORKLOAD_SWEEP_SECONDS)  # fmt: skip
+                said = str(err)
 
     async def _reconcile(self, key: Key) -> float | None:
         try:
