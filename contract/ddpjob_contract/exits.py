@@ -17,7 +17,9 @@ EXIT_PERMANENT = 2
 EXIT_RETRYABLE = 200
 """A collective timed out or a peer was lost: restart the gang and resume from the checkpoint."""
 EXIT_SIGTERM = 143
-"""128 + SIGTERM: asked to stop; nothing partial is left on disk."""
+"""128 + SIGTERM: asked to stop. With a checkpoint directory, every rank stopped at one step boundary after a
+checkpoint of that step was saved; without one, or when the save could not be reached in time (a rank blocked in a
+collective), at once. Nothing partial is left on disk either way."""
 EXIT_SIGINT = 130
 """128 + SIGINT: interrupted from a terminal."""
 

@@ -24,6 +24,13 @@ LAST_STEP_TIMESTAMP_SECONDS = "ddp_last_step_timestamp_seconds"
 """Gauge: Unix time the last step finished (for stall alerts: ``time() - ddp_last_step...``)."""
 LOSS = "ddp_loss"
 """Gauge: loss of the last step on this rank (not averaged across ranks)."""
+LAST_CHECKPOINT_STEP = "ddp_last_checkpoint_step"
+"""Gauge: step of the newest complete checkpoint this run saved or resumed from (0 before there is one)."""
+LAST_CHECKPOINT_TIMESTAMP_SECONDS = "ddp_last_checkpoint_timestamp_seconds"
+"""Gauge: Unix time that checkpoint was saved (0: unknown, or none yet)."""
+CHECKPOINT_SAVE_SECONDS = "ddp_checkpoint_save_seconds"
+"""Gauge: wall time of this run's last save, every rank's part in it included (the operator sizes the pods'
+termination grace period from it, so a stop can save one more)."""
 PROCESS_GROUP_READY = "ddp_process_group_ready"
 """Gauge: 1 once ``init_process_group`` has returned, 0 before (and always 0 when running alone)."""
 INFO = "ddp_info"
@@ -49,6 +56,9 @@ ALL = (
     STEP,
     LAST_STEP_TIMESTAMP_SECONDS,
     LOSS,
+    LAST_CHECKPOINT_STEP,
+    LAST_CHECKPOINT_TIMESTAMP_SECONDS,
+    CHECKPOINT_SAVE_SECONDS,
     PROCESS_GROUP_READY,
     INFO,
 )

@@ -32,6 +32,11 @@ ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 ENV_TERMINATION_MESSAGE_PATH = "TERMINATION_MESSAGE_PATH"
 """Where the trainer container's program leaves its exit message: the container's terminationMessagePath."""
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+ENV_TERMINATION_GRACE_SECONDS = "TERMINATION_GRACE_SECONDS"
+"""The pod's terminationGracePeriodSeconds: how long the trainer has, after SIGTERM, to save at the next step
+boundary before the kubelet's SIGKILL."""
+DEFAULT_TERMINATION_GRACE_SECONDS = 30
+"""Kubernetes's default grace period (a pod that does not set one)."""
 
 TORCHRUN_ENV: tuple[str, ...] = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT)
 """The torchrun convention: the only launch contract the trainer reads."""

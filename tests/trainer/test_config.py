@@ -22,6 +22,7 @@ def test_every_option_has_a_flag_an_env_variable_and_help() -> None:
             "CHECKPOINT_DIR",
             "METRICS_PORT",
             "TERMINATION_MESSAGE_PATH",
+            "TERMINATION_GRACE_SECONDS",
         ), env
 
 

@@ -209,11 +209,13 @@ def test_sigterm_during_a_blocked_collective_exits_with_143_and_leaves_only_comp
     tmp_path: Path,
 ) -> None:
     # Rank 1 sleeps for minutes each step, so rank 0 sits in the gradient all-reduce when SIGTERM
-    # comes: a plain Python signal handler would not run until the 300 s collective timeout.
+    # comes: a plain Python signal handler would not run until the 300 s collective timeout, and the
+    # save at the next step boundary is never reached. The stop ends at its deadline instead, out of a
+    # 4 s grace period, as if the kubelet's SIGKILL were near.
     ckpt = tmp_path / "ckpt"
     args = trainer(
         *TINY, "--steps", "50", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "1",
-        "--slow-rank", "1", "--slow-seconds", "300",
+        "--slow-rank", "1", "--slow-seconds", "300", "--stop-grace-seconds", "4",
     )  # fmt: skip
     master = free_ports(1)
     with processes() as procs:
@@ -225,10 +227,67 @@ def test_sigterm_during_a_blocked_collective_exits_with_143_and_leaves_only_comp
         rank0.terminate()
         done = procs.wait(rank0, timeout=60)
     assert done.returncode == EXIT_SIGTERM, done.stdout + done.stderr
-    assert "stopping on SIGTERM" in done.stderr
+    assert "saving a checkpoint at the next step boundary" in done.stderr, "the stop was tried first"
+    assert "stopping on SIGTERM" in done.stderr, "then ended at its deadline"
+    assert "after saving its checkpoint" not in done.stderr
     for path in ckpt.glob("*") if ckpt.exists() else []:
         assert re.fullmatch(r"step-\d{9}\.pt", path.name), f"partial file left: {path.name}"
         torch.load(path, weights_only=True)
+
+
+def test_sigterm_to_one_rank_mid_run_stops_every_rank_at_one_step_with_its_checkpoint(tmp_path: Path) -> None:
+    # No periodic checkpoint at all (the interval is 0: only the end would save one): what is on disk after
+    # the stop is the stop's own checkpoint, of the step every rank stopped at. Only rank 0 gets SIGTERM, as
+    # when one pod is deleted: the vote at the step boundary stops rank 1 with it.
+    ckpt = tmp_path / "ckpt"
+    args = trainer(*TINY, "--steps", "100000", "--checkpoint-dir", str(ckpt), "--stop-grace-seconds", "60")
+    messages = [tmp_path / "message-0", tmp_path / "message-1"]
+    for m in messages:
+        m.touch()
+    master = free_ports(1)
+    with processes() as procs:
+        rank0 = procs.start(args, rank_env(0, 2, master, TERMINATION_MESSAGE_PATH=str(messages[0])))
+        procs.start(args, rank_env(1, 2, master, TERMINATION_MESSAGE_PATH=str(messages[1])))
+        assert rank0.stdout is not None
+        while "step=5/" not in rank0.stdout.readline():
+            pass
+        rank0.terminate()
+        done = procs.wait_all(timeout=60)
+    assert [d.returncode for d in done] == [EXIT_SIGTERM, EXIT_SIGTERM], explain(done)
+    stopped = [re.search(r"stopped (.*) at step (\d+), after saving its checkpoint", d.stderr) for d in done]
+    assert all(stopped), explain(done)
+    steps = {int(m.group(2)) for m in stopped if m}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    step = steps.pop()
+    assert step >= 5
+    assert [p.name for p in ckpt.iterdir()] == [f"step-{step:09d}.pt"], "one checkpoint, of the stop's step"
+    state = torch.load(ckpt / f"step-{step:09d}.pt", weights_only=True)
+    assert state["step"] == step and state["saved_at"] > 0
+    assert messages[0].read_text().startswith(f"stopped on SIGTERM at step {step}")
+    assert messages[1].read_text().startswith(f"stopped with a peer that was asked to stop at step {step}")
+    assert "Traceback" not in done[0].stderr + done[1].stderr
+
+
+def test_a_resumed_run_carries_on_from_the_stop_step(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = (*TINY, "--checkpoint-dir", str(ckpt), "--stop-grace-seconds", "60")
+    master = free_ports(1)
+    with processes() as procs:
+        rank0 = procs.start(trainer(*common, "--steps", "100000"), rank_env(0, 2, master))
+        procs.start(trainer(*common, "--steps", "100000"), rank_env(1, 2, master))
+        assert rank0.stdout is not None
+        while "step=3/" not in rank0.stdout.readline():
+            pass
+        for p in procs.procs:
+            p.terminate()  # both, as a suspend deletes every pod
+        stopped = procs.wait_all(timeout=60)
+        procs.procs.clear()
+        assert [d.returncode for d in stopped] == [EXIT_SIGTERM, EXIT_SIGTERM], explain(stopped)
+        step = int(re.findall(r"at step (\d+)", stopped[0].stderr)[0])
+        done = run_ranks(procs, trainer(*common, "--steps", str(step + 2)))
+    assert [d.returncode for d in done] == [EXIT_OK, EXIT_OK], explain(done)
+    assert f"resumed from step {step} " in done[0].stdout
+    assert f"step={step + 1}/{step + 2}" in done[0].stdout, "no step redone, none skipped"
 
 
 def test_sigterm_while_a_checkpoint_is_being_written_removes_the_partial_file(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         result = train.run(cfg, launch)
     except errors.PermanentError as err:
         return _fail(path, _one_line(err), "error", exits.EXIT_PERMANENT)
+    except errors.Stopped as err:
+        return _fail(path, _one_line(err), "stopped", exits.EXIT_SIGTERM)
     except Exception as err:
         if not distributed.is_retryable(err):
             raise  # a bug: Python prints the traceback and exits 1 (the log's tail is the message)

@@ -1,8 +1,8 @@
 """Options: kw-only dataclasses that generate the CLI flags and the env variables.
 
 Every field is an option. Its flag is ``--field-name`` and its env variable ``TRAIN_FIELD_NAME``
-(three fields take the generic names the operator injects: ``CHECKPOINT_DIR``, ``METRICS_PORT`` and
-``TERMINATION_MESSAGE_PATH``).
+(four fields take the generic names the operator injects: ``CHECKPOINT_DIR``, ``METRICS_PORT``,
+``TERMINATION_MESSAGE_PATH`` and ``TERMINATION_GRACE_SECONDS``).
 Precedence: flag, then env variable, then the default. Validation lives in ``__post_init__`` so a
 ``Config`` that exists is valid; errors name the flag and the env variable. Torch-free on purpose:
 bad options fail in a fraction of a second, before torch is imported.
@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args, get_origin, get_type_hints
 
 from ddp_trainer.errors import ConfigError
-from ddpjob_contract.pods import ENV_CHECKPOINT_DIR, ENV_METRICS_PORT, ENV_TERMINATION_MESSAGE_PATH
+from ddpjob_contract.pods import (
+    DEFAULT_TERMINATION_GRACE_SECONDS,
+    ENV_CHECKPOINT_DIR,
+    ENV_METRICS_PORT,
+    ENV_TERMINATION_GRACE_SECONDS,
+    ENV_TERMINATION_MESSAGE_PATH,
+)
 
 ENV_PREFIX = "TRAIN_"
 MESSAGE_PATH_ENV = ENV_TERMINATION_MESSAGE_PATH
@@ -211,10 +217,21 @@ class CheckpointConfig(_Section):
         default=0, metadata=doc("Write a checkpoint every this many steps; 0: only at the end.")
     )
     checkpoint_keep: int = field(default=3, metadata=doc("How many complete checkpoints to keep."))
+    stop_grace_seconds: float = field(
+        default=float(DEFAULT_TERMINATION_GRACE_SECONDS),
+        metadata=doc(
+            "Time between SIGTERM and SIGKILL (the pod's terminationGracePeriodSeconds; the operator sets it). With "
+            "a checkpoint directory, SIGTERM saves one checkpoint at the next step boundary, on every rank's "
+            "agreement, and stops; a stop that cannot finish a few seconds before this ends at once, leaving no "
+            "partial file. 0: stop at once.",
+            env=ENV_TERMINATION_GRACE_SECONDS,
+        ),
+    )
 
     def validate(self) -> None:
         self._at_least("checkpoint_interval", 0)
         self._at_least("checkpoint_keep", 1)
+        self._at_least("stop_grace_seconds", 0)
 
 
 @dataclass(kw_only=True, frozen=True)

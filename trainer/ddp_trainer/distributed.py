@@ -50,6 +50,9 @@ class Dist:
     device: torch.device
     backend: str
     """nccl, gloo, or none when running alone."""
+    host_group: Any = None
+    """A gloo group for small votes on the CPU (``any``): the default group where that is gloo already; with
+    NCCL, a gloo group of its own, so a vote never waits on the GPU's stream."""
 
     @property
     def rank(self) -> int:
@@ -76,6 +79,15 @@ class Dist:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank: a collective, so every rank learns it at the same step. One
+        integer through gloo, on the CPU: no host-device sync."""
+        if self.backend == "none" or self.world_size == 1:
+            return flag
+        vote = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.host_group)
+        return bool(vote.item())
 
     def finish(self) -> None:
         """Leave the group together: nobody tears gloo or NCCL down while a peer is still in a collective.
@@ -129,7 +141,8 @@ def setup(launch: Launch, cfg: DistConfig) -> Dist:
         timeout=datetime.timedelta(seconds=cfg.pg_timeout_seconds),
         device_id=device if backend == "nccl" else None,
     )
-    return Dist(launch=launch, device=device, backend=backend)
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None  # None: the default group
+    return Dist(launch=launch, device=device, backend=backend, host_group=host_group)
 
 
 def wrap(model: nn.Module, d: Dist, cfg: DistConfig) -> tuple[nn.Module, DistributedDataParallel | None]:

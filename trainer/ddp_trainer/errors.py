@@ -1,7 +1,7 @@
 """The exceptions that map to exit codes (``ddpjob_contract.exits``, the contract with whoever restarts us).
 
 ``PermanentError`` exits with ``EXIT_PERMANENT`` (below 128: not retried), ``RetryableError`` with
-``EXIT_RETRYABLE`` (at or above 128: the gang restarts).
+``EXIT_RETRYABLE`` (at or above 128: the gang restarts), ``Stopped`` with ``EXIT_SIGTERM``.
 """
 
 from __future__ import annotations
@@ -21,3 +21,12 @@ class DataError(PermanentError):
 
 class RetryableError(Exception):
     """A failure a restart of the whole gang can fix (lost peer, collective timeout)."""
+
+
+class Stopped(Exception):
+    """Every rank stopped at ``step`` on a signal, after that step's checkpoint was saved: ``EXIT_SIGTERM``."""
+
+    def __init__(self, step: int, signal_name: str) -> None:
+        why = f"on {signal_name}" if signal_name else "with a peer that was asked to stop"
+        super().__init__(f"stopped {why} at step {step}, after saving its checkpoint")
+        self.step = step

@@ -16,7 +16,10 @@ from prometheus_client.process_collector import ProcessCollector
 
 from ddpjob_contract.metrics import (
     ALL,
+    CHECKPOINT_SAVE_SECONDS,
     INFO,
+    LAST_CHECKPOINT_STEP,
+    LAST_CHECKPOINT_TIMESTAMP_SECONDS,
     LAST_STEP_TIMESTAMP_SECONDS,
     LOSS,
     PHASE_LABEL,
@@ -83,6 +86,15 @@ class Metrics:
         self.step = Gauge(STEP, "The training step reached (restored on resume).", registry=self.registry)
         self.last_step = Gauge(LAST_STEP_TIMESTAMP_SECONDS, "Unix time the last step finished.", registry=self.registry)
         self.loss = Gauge(LOSS, "Loss of the last step on this rank.", registry=self.registry)
+        self.last_checkpoint_step = Gauge(
+            LAST_CHECKPOINT_STEP, "Step of the newest checkpoint saved or resumed from.", registry=self.registry
+        )
+        self.last_checkpoint_time = Gauge(
+            LAST_CHECKPOINT_TIMESTAMP_SECONDS, "Unix time that checkpoint was saved.", registry=self.registry
+        )
+        self.checkpoint_save_seconds = Gauge(
+            CHECKPOINT_SAVE_SECONDS, "Wall time of this run's last checkpoint save, all ranks.", registry=self.registry
+        )
         self.pg_ready = Gauge(PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry)
         self.info = Info(_base(INFO, "_info"), "Static facts about this training run.", registry=self.registry)
         for phase in PHASES:  # export every series from the start, at zero
@@ -103,6 +115,13 @@ class Metrics:
         self.samples.inc(timing.samples)
         self.step.set(timing.step)
         self.last_step.set(time.time())
+
+    def checkpointed(self, step: int, saved_at: float, save_seconds: float | None = None) -> None:
+        """A checkpoint of ``step`` exists (saved at Unix time ``saved_at``; ``save_seconds``: by this run)."""
+        self.last_checkpoint_step.set(step)
+        self.last_checkpoint_time.set(saved_at)
+        if save_seconds is not None:
+            self.checkpoint_save_seconds.set(save_seconds)
 
 
 def _base(name: str, suffix: str) -> str:

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, compiling, data, distributed, models, timing
+from ddp_trainer import checkpoint, compiling, data, distributed, models, signals, timing
 from ddp_trainer.config import Config, OptimConfig
-from ddp_trainer.errors import ConfigError, DataError
+from ddp_trainer.errors import ConfigError, DataError, Stopped
 from ddp_trainer.launch import Launch
 from ddp_trainer.metrics import Metrics, StepTiming
 from ddp_trainer.report import summary_lines
@@ -201,7 +201,11 @@ def _memory_format(cfg: Config) -> torch.memory_format:
 
 def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     parts = _build(cfg, d)
-    pos = _resume(cfg, d, parts)
+    pos = _resume(cfg, d, parts, metrics)
+    # With somewhere to save, a stop saves first (signals); every rank votes at each step boundary.
+    save_on_stop = bool(cfg.checkpoint.checkpoint_dir) and cfg.checkpoint.stop_grace_seconds > 0
+    if save_on_stop:
+        signals.arm(cfg.checkpoint.stop_grace_seconds)
     metrics.info.info(_info(cfg, d))
     accum = cfg.optim.grad_accum_steps
     if d.is_main:
@@ -250,7 +254,11 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
                     first, parts.compilation.seconds, ", which failed" if parts.compilation.failed else "",
                 )  # fmt: skip
             record(timer.poll())
-            _maybe_checkpoint(cfg, d, parts, pos)
+            stop = save_on_stop and d.any(signals.requested())
+            _maybe_checkpoint(cfg, d, parts, pos, metrics, now=stop)
+            if stop:
+                record(timer.flush())
+                raise Stopped(pos.step, signals.signal_name())
             _maybe_crash(cfg, d, pos.step)
         del batches  # shuts down this epoch's workers before the next epoch starts its own
 
@@ -312,7 +320,7 @@ def _info(cfg: Config, d: distributed.Dist) -> dict[str, str]:
     }
 
 
-def _resume(cfg: Config, d: distributed.Dist, parts: Parts) -> Position:
+def _resume(cfg: Config, d: distributed.Dist, parts: Parts, metrics: Metrics) -> Position:
     """Load the newest complete checkpoint into ``parts``, onto this rank's device, if there is one."""
     directory = cfg.checkpoint.checkpoint_dir
     if not directory:
@@ -328,6 +336,7 @@ def _resume(cfg: Config, d: distributed.Dist, parts: Parts) -> Position:
     parts.scaler.load_state_dict(state["scaler"])
     rngs: list[dict[str, Any]] = state["rng"]
     checkpoint.set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0], d.device)
+    metrics.checkpointed(state["step"], float(state.get("saved_at") or 0.0))
     if d.is_main:
         if state.get("world_size") != d.world_size:
             log.warning(
@@ -338,12 +347,18 @@ def _resume(cfg: Config, d: distributed.Dist, parts: Parts) -> Position:
     return Position(step=state["step"], epoch=state["epoch"], batch_in_epoch=state["batch_in_epoch"])
 
 
-def _maybe_checkpoint(cfg: Config, d: distributed.Dist, parts: Parts, pos: Position) -> None:
+def _maybe_checkpoint(
+    cfg: Config, d: distributed.Dist, parts: Parts, pos: Position, metrics: Metrics, *, now: bool = False
+) -> None:
+    """Save at the interval, at the end, and ``now`` (a stop the ranks agreed on)."""
     c = cfg.checkpoint
     if not c.checkpoint_dir:
         return
-    if pos.step != parts.total and not (c.checkpoint_interval and pos.step % c.checkpoint_interval == 0):
+    due = pos.step == parts.total or (c.checkpoint_interval and pos.step % c.checkpoint_interval == 0)
+    if not (due or now):
         return
+    started = time.perf_counter()
+    saved_at = time.time()
     rngs = d.gather(checkpoint.rng_state(d.device))  # collective: every rank takes part
     if d.is_main:
         state = {
@@ -357,10 +372,12 @@ def _maybe_checkpoint(cfg: Config, d: distributed.Dist, parts: Parts, pos: Posit
             "scheduler": parts.scheduler.state_dict(),
             "scaler": parts.scaler.state_dict(),
             "rng": rngs,
+            "saved_at": saved_at,
         }
         path = checkpoint.save(c.checkpoint_dir, state, c.checkpoint_keep)
         log.info("checkpoint %s", path)
     d.barrier()  # nobody runs ahead of a checkpoint that might fail
+    metrics.checkpointed(pos.step, saved_at, time.perf_counter() - started)
 
 
 def _maybe_crash(cfg: Config, d: distributed.Dist, step: int) -> None:
