@@ -6,12 +6,14 @@ Nothing here talks to a cluster; every function is data in, data out.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ddpjob_contract import kueue
 from ddpjob_contract.pods import (
     ANNOTATION_SPEC_HASH,
+    DEFAULT_TERMINATION_GRACE_SECONDS,
     DEFAULT_TERMINATION_MESSAGE_PATH,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -27,6 +29,7 @@ from ddpjob_contract.pods import (
     ENV_PET_NPROC_PER_NODE,
     ENV_PYTHONUNBUFFERED,
     ENV_RANK,
+    ENV_TERMINATION_GRACE_SECONDS,
     ENV_TERMINATION_MESSAGE_PATH,
     ENV_WORLD_SIZE,
     LABEL_ATTEMPT,
@@ -162,7 +165,24 @@ def named_ports(job: Job, ports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*ports, *added]
 
 
-def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int) -> None:
+GRACE_MARGIN_SECONDS = 10
+"""Beyond a step and two saves: the trainer's own deadline keeps up to 5 s for its exit, and the rest is slack."""
+
+
+def termination_grace(job: Job, save_seconds: float | None, step_seconds: float | None) -> int:
+    """The rank pods' terminationGracePeriodSeconds: the template's when it sets one (the user's word); else
+    Kubernetes's 30 s, or, when it is longer, room for what a stop does before it exits: finish the step under
+    way, save one checkpoint (twice the last measured save, as a disk may be slower now) and the margin."""
+    own = job.spec.template.get("spec", {}).get("terminationGracePeriodSeconds")
+    if isinstance(own, int) and not isinstance(own, bool):
+        return own
+    if not save_seconds:
+        return DEFAULT_TERMINATION_GRACE_SECONDS
+    need = math.ceil((step_seconds or 0.0) + 2 * save_seconds) + GRACE_MARGIN_SECONDS
+    return max(DEFAULT_TERMINATION_GRACE_SECONDS, need)
+
+
+def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, grace: int) -> None:
     """The trainer container (the first): the injected env, the exit message, the named ports."""
     # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -171,15 +191,19 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int) 
     trainer["env"] = [
         *injected_env(job, rank, attempt),
         {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
+        {"name": ENV_TERMINATION_GRACE_SECONDS, "value": str(grace)},
         *(trainer.get("env") or []),
     ]
     # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
     trainer["ports"] = named_ports(job, trainer.get("ports") or [])
 
 
-def pod(job: Job, rank: int, attempt: int, *, gang: bool) -> dict[str, Any]:
+def pod(
+    job: Job, rank: int, attempt: int, *, gang: bool, grace: int = DEFAULT_TERMINATION_GRACE_SECONDS
+) -> dict[str, Any]:
     """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait;
-    ``gang``: a member of the attempt's PodGroup."""
+    ``gang``: a member of the attempt's PodGroup; ``grace``: its termination grace period
+    (``termination_grace``), which the trainer is told, to save within it on a stop."""
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template["spec"]
@@ -195,10 +219,11 @@ def pod(job: Job, rank: int, attempt: int, *, gang: bool) -> dict[str, Any]:
     spec["subdomain"] = job.name
     # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
     spec["restartPolicy"] = "Never"
+    spec["terminationGracePeriodSeconds"] = grace
     if gang:
         spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     trainer = spec["containers"][0]
-    _set_up_trainer(job, trainer, rank, attempt)
+    _set_up_trainer(job, trainer, rank, attempt, grace)
     checkpoint = job.spec.checkpoint
     if checkpoint is not None:
         source = (

@@ -351,7 +351,9 @@ class Controller:
             self._namespace_deleted(key, now, refused=True)
             return None
         try:
-            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement)
+            grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
+            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
+                              grace=grace)  # fmt: skip
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -374,7 +376,9 @@ class Controller:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
 
-    def _create_pods(self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool, placement: Placement) -> None:
+    def _create_pods(
+        self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool, placement: Placement, grace: int
+    ) -> None:
         """Create if absent, in waves of CREATE_PARALLELISM; raises the lowest rank's error.
 
         Each pod created goes into the pod cache at once, so a reconcile before the watch sees it
@@ -382,7 +386,7 @@ class Controller:
         """
 
         def create(rank: int) -> None:
-            created = self._api.create(placement.apply(builders.pod(job, rank, attempt, gang=gang)))
+            created = self._api.create(placement.apply(builders.pod(job, rank, attempt, gang=gang, grace=grace)))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")
@@ -398,6 +402,12 @@ class Controller:
                 future.exception()
             for future in wave:
                 future.result()
+
+
+def _measured_stop(status: JobStatus) -> tuple[float | None, float | None]:
+    """What a stop costs, as last measured: a save's seconds and a step's."""
+    saved, prog = status.last_checkpoint, status.progress
+    return (saved.save_seconds if saved else None), (prog.step_time_p50 if prog else None)
 
 
 def _write_status(api: Api, body: dict[str, Any], old: JobStatus, new: JobStatus) -> dict[str, Any] | None:

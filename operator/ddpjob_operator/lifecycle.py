@@ -276,6 +276,9 @@ def _view(
         fresh = progress.fresh(status.progress, status.attempt, job.spec.world_size)
         fold = progress_fold.fold(job, fresh, [s for s in scrapes if s.attempt == status.attempt])
         status = replace(status, progress=fold.progress if fold else fresh)
+        if fold is not None:
+            status = replace(status, last_checkpoint=progress.newest_checkpoint(fold.summary.latest,
+                                                                                status.last_checkpoint))  # fmt: skip
     return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused[0],
                 failed_create=refused[1],
                 placement=placement, queueing=queued, requested=requested)  # fmt: skip

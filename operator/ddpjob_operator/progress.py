@@ -17,7 +17,7 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ddpjob_contract import metrics as names
@@ -57,6 +57,12 @@ class RankSample:
     step_buckets: tuple[tuple[float, float], ...] = ()
     """(upper bound, cumulative count) of the ddp_step_seconds histogram, ascending."""
     phase_sums: Mapping[str, float] = field(default_factory=dict)
+    checkpoint_step: float = 0.0
+    """ddp_last_checkpoint_step: the newest checkpoint this process saved or resumed from (0: none yet)."""
+    checkpoint_time: float = 0.0
+    """ddp_last_checkpoint_timestamp_seconds (0: unknown)."""
+    save_seconds: float = 0.0
+    """ddp_checkpoint_save_seconds: its last save's wall time (0: it saved none)."""
 
     @property
     def reached(self) -> float:
@@ -80,6 +86,9 @@ class RankSample:
             step_count=self.step_count - older.step_count,
             step_buckets=tuple((le, n - old_buckets.get(le, 0.0)) for le, n in self.step_buckets),
             phase_sums={p: v - older.phase_sums.get(p, 0.0) for p, v in self.phase_sums.items()},
+            checkpoint_step=self.checkpoint_step,
+            checkpoint_time=self.checkpoint_time,
+            save_seconds=self.save_seconds,
         )
 
 
@@ -119,6 +128,9 @@ def parse_metrics(text: str) -> RankSample:
         step_count=values.get(f"{names.STEP_SECONDS}_count", 0.0),
         step_buckets=tuple(sorted(buckets)),
         phase_sums=phases,
+        checkpoint_step=values.get(names.LAST_CHECKPOINT_STEP, 0.0),
+        checkpoint_time=values.get(names.LAST_CHECKPOINT_TIMESTAMP_SECONDS, 0.0),
+        save_seconds=values.get(names.CHECKPOINT_SAVE_SECONDS, 0.0),
     )
 
 
@@ -313,6 +325,50 @@ def human_seconds(seconds: float | None) -> str | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """``status.lastCheckpoint``: the newest complete checkpoint the ranks reported, kept across attempts."""
+
+    step: int
+    time: datetime | None = None
+    save_seconds: float | None = None
+    """How long its save took, every rank's part included (None: resumed from, not saved, by what was seen)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step}
+        if self.time is not None:
+            out["time"] = from_time(self.time)
+        if self.save_seconds is not None:
+            out["saveSeconds"] = self.save_seconds
+        return out
+
+    @staticmethod
+    def parse(raw: Any) -> Checkpoint | None:
+        if not isinstance(raw, Mapping) or _int(raw.get("step")) is None:
+            return None
+        return Checkpoint(step=_int(raw.get("step")) or 0, time=to_time(raw.get("time")),
+                          save_seconds=_float(raw.get("saveSeconds")))  # fmt: skip
+
+
+def newest_checkpoint(samples: Iterable[RankSample], known: Checkpoint | None) -> Checkpoint | None:
+    """The newest checkpoint the samples report, or ``known`` if none is newer. A save's time is kept from an
+    earlier report of the same step when a later one cannot say (a run that resumed from it)."""
+    best = known
+    for s in samples:
+        step = int(s.checkpoint_step)
+        if step <= 0 or (best is not None and step < best.step):
+            continue
+        when = datetime.fromtimestamp(s.checkpoint_time, UTC).replace(microsecond=0) if s.checkpoint_time else None
+        save = round(s.save_seconds, 3) if s.save_seconds > 0 else None
+        same = best is not None and best.step == step
+        best = Checkpoint(
+            step=step,
+            time=when or (best.time if same and best else None),
+            save_seconds=max(filter(None, (save, best.save_seconds if same and best else None)), default=None),
+        )
+    return best
+
+
+@dataclass(frozen=True, kw_only=True)
 class Summary:
     """The figures of one window of scrapes."""
 
@@ -325,6 +381,8 @@ class Summary:
     ranks: tuple[RankProgress, ...]
     recent_work: Mapping[int, float]
     """Each rank's work seconds per step between its last two answers (what the straggler rule reads)."""
+    latest: tuple[RankSample, ...] = ()
+    """Each rank's newest answer in the window."""
 
     @property
     def slowest_rank(self) -> int | None:
@@ -402,6 +460,7 @@ def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS)
         window_seconds=round((latest.at - recent[0].at).total_seconds(), 1),
         ranks=tuple(ranks),
         recent_work={w.progress.rank: w.recent_work for w in windows if w.recent_work is not None},
+        latest=tuple(_answers(recent, t.rank)[-1][1] for t in latest.targets if _answers(recent, t.rank)),
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ddpjob_contract.pods import ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
 from ddpjob_contract.status import ConditionType, Phase
-from ddpjob_operator.progress import ProgressStatus
+from ddpjob_operator.progress import Checkpoint, ProgressStatus
 from ddpjob_operator.times import from_time, to_time
 
 # ---------------------------------------------------------------------------------------------
@@ -340,6 +340,8 @@ class JobStatus:
     observed_generation: int = 0
     conditions: tuple[Condition, ...] = field(default_factory=tuple)
     progress: ProgressStatus | None = None
+    last_checkpoint: Checkpoint | None = None
+    """The newest complete checkpoint any attempt's ranks reported (kept when their pods are gone)."""
 
     def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -371,6 +373,7 @@ class JobStatus:
             "observedGeneration": self.observed_generation,
             "conditions": [c.to_dict() for c in self.conditions],
             "progress": self.progress.to_dict() if self.progress else None,
+            "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
         }
 
 
@@ -416,6 +419,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         observed_generation=_nonneg(status.get("observedGeneration")),
         conditions=tuple(conditions),
         progress=ProgressStatus.parse(status.get("progress")),
+        last_checkpoint=Checkpoint.parse(status.get("lastCheckpoint")),
     )
 
 

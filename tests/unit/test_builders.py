@@ -51,7 +51,7 @@ SINGLE = {
     "MASTER_ADDR": "train-0.train", "MASTER_PORT": "29500", "WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "0",
     "PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-0.train",
     "PET_MASTER_PORT": "29500", "DDPJOB_NAME": "train", "DDPJOB_ATTEMPT": "4", "METRICS_PORT": "9090",
-    "PYTHONUNBUFFERED": "1", "TERMINATION_MESSAGE_PATH": "/dev/termination-log",
+    "PYTHONUNBUFFERED": "1", "TERMINATION_MESSAGE_PATH": "/dev/termination-log", "TERMINATION_GRACE_SECONDS": "30",
 }  # fmt: skip
 # Four processes per pod: torchrun sets RANK/LOCAL_RANK; WORLD_SIZE counts processes.
 MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
@@ -63,6 +63,21 @@ MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
 def test_the_trainer_gets_the_rendezvous_environment(nproc: int, expected: dict[str, str]) -> None:
     pod = builders.pod(job("train", 3, nprocPerNode=nproc), rank=1, attempt=4, gang=False)
     assert env_of(pod) == expected
+
+
+def test_the_grace_period_is_kubernetes_default_until_a_save_is_measured_then_fits_a_step_and_two_saves() -> None:
+    j = job()
+    assert builders.termination_grace(j, None, None) == 30
+    assert builders.termination_grace(j, 2.0, 0.5) == 30, "a short save fits the default"
+    assert builders.termination_grace(j, 40.0, 3.2) == 94, "ceil(3.2 + 2 x 40) + 10"
+    pod = builders.pod(j, 0, 0, gang=False, grace=94)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 94
+    assert env_of(pod)["TERMINATION_GRACE_SECONDS"] == "94", "the trainer's deadline is the pod's"
+
+
+def test_a_template_that_sets_its_grace_period_keeps_it_whatever_was_measured() -> None:
+    j = job(template={"spec": {"terminationGracePeriodSeconds": 7, "containers": [{"name": "t", "image": "i"}]}})
+    assert builders.termination_grace(j, 40.0, 3.0) == 7
 
 
 def test_the_trainer_leaves_its_exit_message_where_the_kubelet_reads_it_and_falls_back_to_its_log() -> None:

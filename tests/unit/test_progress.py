@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 
 from ddp_trainer.metrics import Metrics, StepTiming
 from ddpjob_operator.progress import (
+    Checkpoint,
     ProgressStatus,
     RankProgress,
     RankSample,
@@ -16,6 +17,7 @@ from ddpjob_operator.progress import (
     Straggler,
     Target,
     human_seconds,
+    newest_checkpoint,
     parse_metrics,
     quantile,
     straggler_candidate,
@@ -41,6 +43,24 @@ def test_the_trainers_own_metrics_parse_into_step_samples_readiness_and_phases()
     assert sample.step_count == 4 and sample.step_sum == pytest.approx(0.16)
     assert sample.work_sum == pytest.approx(0.04), "data + forward + optimizer, not backward"
     assert sample.step_buckets[-1] == (float("inf"), 4)
+
+
+def test_the_trainers_checkpoint_gauges_become_the_newest_checkpoint_kept_across_attempts() -> None:
+    saving = Metrics()
+    saving.checkpointed(40, T0.timestamp(), 1.25)
+    sample = parse_metrics(generate_latest(saving.registry).decode())
+    assert (sample.checkpoint_step, sample.checkpoint_time, sample.save_seconds) == (40, T0.timestamp(), 1.25)
+    assert newest_checkpoint([sample], None) == Checkpoint(step=40, time=T0, save_seconds=1.25)
+    # The next attempt resumed from step 40 (it saved nothing yet): the save's seconds are kept, the step is not
+    # taken back by an older report, and a rank that has no checkpoint yet says nothing.
+    resumed = Metrics()
+    resumed.checkpointed(40, T0.timestamp())
+    later = [parse_metrics(generate_latest(m.registry).decode()) for m in (resumed, Metrics())]
+    known = Checkpoint(step=40, time=T0, save_seconds=1.25)
+    assert newest_checkpoint(later, known) == known
+    assert newest_checkpoint([sample], Checkpoint(step=60)) == Checkpoint(step=60)
+    assert Checkpoint.parse(known.to_dict()) == known
+    assert known.to_dict() == {"step": 40, "time": "2026-01-01T00:00:00Z", "saveSeconds": 1.25}
 
 
 def test_a_rank_that_has_not_joined_and_an_empty_page_parse_as_not_ready() -> None:
