@@ -1,0 +1,82 @@
+"""Goodput in the box: a stop saves at the step it stopped at, and the run resumes from there."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from ddpjob_box.kubenode.node import KubeletNode
+from tests.e2e.conftest import OperatorProcess
+from tests.e2e.jobs import cpu_job
+from tests.e2e.kube import GROUP, PLURAL, VERSION, Jobs, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def jobs(api_client: Any, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(api_client, namespace)
+
+
+def _step(ip: str) -> int:
+    """ddp_step from the rank's own metrics endpoint (0 while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0
+    match = re.search(r"^ddp_step (\S+)$", text, re.MULTILINE)
+    return int(float(match.group(1))) if match else 0
+
+
+def _suspend(jobs: Jobs, name: str, suspend: bool) -> None:
+    jobs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, jobs.ns, PLURAL, name, {"spec": {"runPolicy": {"suspend": suspend}}}
+    )
+
+
+def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: Jobs, node: KubeletNode) -> None:
+    # --checkpoint-interval 0 saves only at the end of the run, which this one never reaches: any checkpoint
+    # on the volume is the stop's own.
+    jobs.core.create_namespaced_persistent_volume_claim(
+        jobs.ns,
+        {"metadata": {"name": "ckpt"},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+    )  # fmt: skip
+    args = ["--steps", "100000", "--checkpoint-interval", "0", "--slow-rank", "0", "--slow-seconds", "0.05"]
+    jobs.create(cpu_job("stop", args=args, checkpoint={"claimName": "ckpt"}))
+    jobs.wait_running("stop", 180)
+    rank0 = jobs.pod("stop-0")
+    trainer = rank0.spec.containers[0]
+    assert rank0.spec.termination_grace_period_seconds == 30, "no save measured yet: Kubernetes's default"
+    assert {e.name: e.value for e in trainer.env}["TERMINATION_GRACE_SECONDS"] == "30"
+    reached = wait_for("rank 0 past step 10", lambda: (s := _step(rank0.status.pod_ip)) >= 10 and s, 300, interval=1)
+
+    _suspend(jobs, "stop", True)
+    jobs.wait_phase("stop", "Suspended", 120)
+    wait_for("the ranks to be gone", lambda: not jobs.core.list_namespaced_pod(jobs.ns).items, 120, interval=1)
+    _suspend(jobs, "stop", False)
+
+    def resumed_log() -> str | None:
+        try:
+            log = str(jobs.core.read_namespaced_pod_log("stop-0", jobs.ns, container="trainer"))
+        except client.ApiException:
+            return None  # not made yet, or its container not started
+        return log if "resumed from step" in log or "training tinycnn" in log else None
+
+    log = wait_for("the resumed rank 0 to load its checkpoint", resumed_log, 300, interval=1)
+    found = re.search(r"resumed from step (\d+) ", log)
+    assert found, f"the resumed run started from scratch: the stop saved nothing\n{log[:2000]}"
+    stopped_at = int(found.group(1))
+    assert stopped_at >= reached, (stopped_at, reached)
+
+    def reported() -> dict[str, Any] | None:
+        saved = jobs.status("stop").get("lastCheckpoint")
+        return saved if saved and saved.get("step") == stopped_at else None
+
+    saved = wait_for("status.lastCheckpoint to name the stop's checkpoint", reported, 120, interval=1)
+    assert saved.get("time"), saved
