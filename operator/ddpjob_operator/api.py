@@ -80,6 +80,16 @@ class GangScheduling(StrEnum):
     """One by one: the default scheduler may bind some ranks while others wait."""
 
 
+class InPlaceRestart(StrEnum):
+    """How a retryable failure restarts the gang: in the pods it has, or in new ones."""
+
+    AUTO = "Auto"
+    """In place where the cluster supports restart rules with RestartAllContainers (Kubernetes 1.36+, beta); else
+    by deleting and recreating the pods."""
+    DISABLED = "Disabled"
+    """Always by deleting and recreating the pods."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
@@ -96,6 +106,7 @@ class RunPolicy:
     """Which pods are deleted once the job has finished."""
     suspend: bool = False
     """Delete the pods and keep the job; clearing it starts a new attempt."""
+    in_place_restart: InPlaceRestart = InPlaceRestart.AUTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,7 +246,16 @@ def _run_policy(value: Any) -> RunPolicy:
         ttl_seconds_after_finished=_int(rp, "ttlSecondsAfterFinished", None, 0, 2**31 - 1, path),
         clean_pod_policy=clean,
         suspend=rp.get("suspend") is True,
+        in_place_restart=_in_place(rp.get("inPlaceRestart"), path),
     )
+
+
+def _in_place(value: Any, path: str) -> InPlaceRestart:
+    try:
+        return InPlaceRestart(value if value is not None else InPlaceRestart.AUTO)
+    except ValueError:
+        allowed = ", ".join(v.value for v in InPlaceRestart)
+        raise SpecError(f"{path}.inPlaceRestart: must be one of {allowed}, got {value!r}") from None
 
 
 def _checkpoint(value: Any) -> Checkpoint | None:

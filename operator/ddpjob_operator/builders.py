@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpjob_contract import kueue
+from ddpjob_contract.exits import SIGNAL_EXIT_BASE
 from ddpjob_contract.pods import (
+    ANNOTATION_RESTARTED_FROM,
     ANNOTATION_SPEC_HASH,
     DEFAULT_TERMINATION_GRACE_SECONDS,
     DEFAULT_TERMINATION_MESSAGE_PATH,
@@ -42,6 +44,7 @@ from ddpjob_contract.pods import (
 from ddpjob_operator import api, wait_for_master
 from ddpjob_operator.api import Job
 from ddpjob_operator.queueing import workload_name
+from ddpjob_operator.status import PodView
 
 
 def pod_name(job_name: str, rank: int) -> str:
@@ -182,6 +185,29 @@ def termination_grace(job: Job, save_seconds: float | None, step_seconds: float 
     return max(DEFAULT_TERMINATION_GRACE_SECONDS, need)
 
 
+RESTART_ALL_CONTAINERS = "RestartAllContainers"
+
+
+def restart_rules(policy: api.RunPolicy) -> list[dict[str, Any]]:
+    """The trainer's restart rules for an in-place gang restart: an exit the restart policy retries restarts every
+    container of its pod, init containers included, in the same pod (Kubernetes 1.36+); any other exit ends the
+    pod as before. None under ``Never``."""
+    if policy.restart_policy is api.RestartPolicy.NEVER:
+        return []
+    if policy.restart_policy is api.RestartPolicy.ON_FAILURE:
+        codes: dict[str, Any] = {"operator": "NotIn", "values": [0]}
+    else:  # ExitCode: signals and the trainer's retryable code, and the codes the spec adds (at most 255 in all)
+        codes = {"operator": "In", "values": sorted(set(range(SIGNAL_EXIT_BASE, 256)) | policy.retryable_exit_codes)}
+    return [{"action": RESTART_ALL_CONTAINERS, "exitCodes": codes}]
+
+
+def adoption(pod: PodView, attempt: int) -> dict[str, Any]:
+    """The merge patch that moves a pod restarted in place into ``attempt``: its attempt label, and the exit that
+    began it (``ANNOTATION_RESTARTED_FROM``). Its uid makes it a precondition: never a newer pod of that name."""
+    return {"metadata": {"uid": pod.uid, "labels": {LABEL_ATTEMPT: str(attempt)},
+                         "annotations": {ANNOTATION_RESTARTED_FROM: pod.exited_id}}}  # fmt: skip
+
+
 def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, grace: int) -> None:
     """The trainer container (the first): the injected env, the exit message, the named ports."""
     # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
@@ -199,11 +225,18 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, 
 
 
 def pod(
-    job: Job, rank: int, attempt: int, *, gang: bool, grace: int = DEFAULT_TERMINATION_GRACE_SECONDS
+    job: Job,
+    rank: int,
+    attempt: int,
+    *,
+    gang: bool,
+    grace: int = DEFAULT_TERMINATION_GRACE_SECONDS,
+    in_place: bool = False,
 ) -> dict[str, Any]:
     """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait;
     ``gang``: a member of the attempt's PodGroup; ``grace``: its termination grace period
-    (``termination_grace``), which the trainer is told, to save within it on a stop."""
+    (``termination_grace``), which the trainer is told, to save within it on a stop; ``in_place``: its kubelet
+    restarts it in place on a retryable exit (``restart_rules``)."""
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template["spec"]
@@ -224,6 +257,10 @@ def pod(
         spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     trainer = spec["containers"][0]
     _set_up_trainer(job, trainer, rank, attempt, grace)
+    rules = restart_rules(job.spec.run_policy) if in_place else []
+    if rules:
+        trainer["restartPolicy"] = "Never"  # a container's rules need its own policy; the rules override it
+        trainer["restartPolicyRules"] = rules
     checkpoint = job.spec.checkpoint
     if checkpoint is not None:
         source = (

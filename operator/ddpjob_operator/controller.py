@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, faults, metrics, queueing
-from ddpjob_operator.api import Job, Key, SpecError, parse_job
+from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
 from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
@@ -72,6 +72,10 @@ class Api(Protocol):
     def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None: ...
 
     def release_workload(self, namespace: str, name: str) -> None: ...
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def restarts_in_place(self, namespace: str) -> bool: ...
 
 
 class Pods(Protocol):
@@ -140,7 +144,7 @@ def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
 def _acts(the_plan: Plan) -> bool:
     return bool(the_plan.create_ranks or the_plan.delete_pods or the_plan.delete_job or the_plan.events
                 or the_plan.create_service or the_plan.create_workload or the_plan.workload_status
-                or the_plan.release_workload)  # fmt: skip
+                or the_plan.release_workload or the_plan.adopt_pods)  # fmt: skip
 
 
 def _ends_something(old: JobStatus, the_plan: Plan) -> bool:
@@ -338,6 +342,8 @@ class Controller:
             self._api.delete_pod(job.namespace, pod.name, pod.uid)
             faults.point("pod-deleted")
         attempt = the_plan.status.attempt
+        for pod in the_plan.adopt_pods:  # restarted in place by its kubelet: into this attempt
+            self._pods.created(self._api.patch_pod(job.namespace, pod.name, builders.adoption(pod, attempt)))
         try:
             if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
                 self._api.create(builders.workload(job, self._priority(job)))
@@ -352,8 +358,9 @@ class Controller:
             return None
         try:
             grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
+            in_place = bool(the_plan.create_ranks) and self._in_place(job)
             self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
-                              grace=grace)  # fmt: skip
+                              grace=grace, in_place=in_place)  # fmt: skip
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -376,8 +383,23 @@ class Controller:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
 
+    def _in_place(self, job: Job) -> bool:
+        """Whether the job's pods restart in place on a retryable exit: its policy allows it and the cluster can."""
+        rp = job.spec.run_policy
+        if rp.in_place_restart is not InPlaceRestart.AUTO or not builders.restart_rules(rp):
+            return False
+        return self._api.restarts_in_place(job.namespace)
+
     def _create_pods(
-        self, job: Job, attempt: int, ranks: tuple[int, ...], *, gang: bool, placement: Placement, grace: int
+        self,
+        job: Job,
+        attempt: int,
+        ranks: tuple[int, ...],
+        *,
+        gang: bool,
+        placement: Placement,
+        grace: int,
+        in_place: bool,
     ) -> None:
         """Create if absent, in waves of CREATE_PARALLELISM; raises the lowest rank's error.
 
@@ -386,7 +408,8 @@ class Controller:
         """
 
         def create(rank: int) -> None:
-            created = self._api.create(placement.apply(builders.pod(job, rank, attempt, gang=gang, grace=grace)))
+            built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place)
+            created = self._api.create(placement.apply(built))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

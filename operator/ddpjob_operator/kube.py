@@ -75,6 +75,7 @@ class Kube:
     def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4) -> None:
         self._api = api_client if api_client is not None else _client_from_environment(connections)
         self._timeout = timeout
+        self._in_place: bool | None = None
 
     def close(self) -> None:
         self._api.close()
@@ -186,6 +187,38 @@ class Kube:
         except Conflict:
             return None
         return dict(created)
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a pod; the pod as patched."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        return dict(self._request("PATCH", path, body=patch, content_type="application/merge-patch+json"))
+
+    def restarts_in_place(self, namespace: str) -> bool:
+        """Whether the cluster keeps a container's restart rule with the RestartAllContainers action (the
+        ContainerRestartRules and RestartAllContainersOnContainerExits gates, beta and on from Kubernetes 1.36):
+        a server-side dry run of a pod that has one, in ``namespace``. It is dropped where the first gate is off
+        and refused (422) where only the second is. Asked once per process once it has answered."""
+        if self._in_place is not None:
+            return self._in_place
+        probe = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ddpjob-in-place-probe"},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "probe", "image": "registry.invalid/probe", "restartPolicy": "Never",
+                "restartPolicyRules": [{"action": "RestartAllContainers",
+                                        "exitCodes": {"operator": "In", "values": [200]}}],
+            }]},
+        }  # fmt: skip
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods"
+        try:
+            made = self._request("POST", path, body=probe, query=[("dryRun", "All")])
+        except KubeError as err:
+            if err.status != 422:
+                raise  # no answer about the feature (the namespace going, the apiserver restarting): ask again
+            self._in_place = False
+            return False
+        rules = (((made or {}).get("spec") or {}).get("containers") or [{}])[0].get("restartPolicyRules") or []
+        self._in_place = any(r.get("action") == "RestartAllContainers" for r in rules)
+        return self._in_place
 
     # Kueue's Workloads
 

@@ -28,6 +28,7 @@ from ddpjob_operator.policies import (
     deadline,
     exit_grace,
     gang,
+    in_place,
     restart,
     straggler,
     suspend,
@@ -93,6 +94,9 @@ class Plan:
     """What to tell Kueue (PodsReady, the eviction acknowledged, Finished), after the job's status is written."""
     release_workload: bool = False
     """Drop Kueue's finalizer from the Workload."""
+    adopt_pods: tuple[PodView, ...] = ()
+    """Pods of the last attempt that their kubelet restarts in place: moved into ``status.attempt``
+    (``policies.in_place``)."""
 
 
 def _deletable(pods: Sequence[PodView]) -> tuple[PodView, ...]:
@@ -298,15 +302,21 @@ def _plan_for(
     creates = obs.missing if not launched and not obs.stale else ()  # names are per rank: old pods go first
     left = deadline.seconds_left(status.start_time, spec.run_policy.active_deadline_seconds, now)
     exiting = _exit_grace_left(job, status, obs, now)  # woken when it is up (never in the past)
+    restarting = status.condition(ConditionType.RESTARTING)
+    since = restarting.last_transition_time if restarting and restarting.status else None
+    kept = in_place.sort(obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now)
+    # Ranks made again beside ranks restarted in place join the gang already placed: no PodGroup of their own.
+    gang_placed = as_gang and not any(p.adopted for p in obs.current.values())
     return Plan(
         status=with_counts(status, obs, spec.replicas),
         create_service=bool(creates),  # with each attempt's pods: once per attempt, not per reconcile
-        gang=as_gang,
-        create_pod_group=as_gang and bool(creates),
+        gang=gang_placed,
+        create_pod_group=gang_placed and bool(creates),
         create_ranks=creates,
-        delete_pods=_deletable(obs.stale),
+        delete_pods=_deletable(kept.delete),
+        adopt_pods=kept.adopt,
         events=events,
-        requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), RESYNC_SECONDS),
+        requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), kept.wait_left, RESYNC_SECONDS),
         poll=progress_fold.poll_targets(job, obs, progress_fold.silent_ranks(status))
         if status.phase is not Phase.RESTARTING
         else (),

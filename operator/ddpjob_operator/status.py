@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ddpjob_contract.pods import ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
+from ddpjob_contract.pods import ANNOTATION_RESTARTED_FROM, ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.progress import Checkpoint, ProgressStatus
 from ddpjob_operator.times import from_time, to_time
@@ -68,6 +68,16 @@ class PodView:
     """Why Kubernetes is taking the pod away (its DisruptionTarget condition): not the rank's failure."""
     others_running: bool = False
     """A container other than the trainer still runs (a sidecar that kubelet will not stop by itself)."""
+    in_place: bool = False
+    """Its trainer has a RestartAllContainers rule: its kubelet restarts the pod in place on a retryable exit."""
+    exited_id: str = ""
+    """In place: the trainer container of its newest exit (its state, or its last state once restarted)."""
+    restarting: bool = False
+    """In place: restarted for this attempt, its trainer not running again yet."""
+    adopted: bool = False
+    """Restarted in place into its attempt (made for an earlier one)."""
+    trainer_running: bool = False
+    """Its trainer container runs (for a pod waiting to be restarted in place: the last attempt's process)."""
 
     @property
     def finished(self) -> bool:
@@ -86,7 +96,7 @@ class PodView:
 
     @property
     def running(self) -> bool:
-        return self.phase == "Running" and self.exit_code is None and not self.terminating
+        return self.phase == "Running" and self.exit_code is None and not self.terminating and not self.restarting
 
 
 def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
@@ -129,23 +139,46 @@ def _disruption(status: Mapping[str, Any]) -> Disruption | None:
     return Disruption(str(target.get("reason") or "DisruptionTarget"), one_line(str(target.get("message") or "")))
 
 
+def _restarts_all(container: Mapping[str, Any]) -> bool:
+    return any(r.get("action") == "RestartAllContainers" for r in container.get("restartPolicyRules") or [])
+
+
 def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
-    """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``."""
+    """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``.
+
+    A pod restarted in place keeps its containers' newest exit in their last state: for its trainer, an exit whose
+    container is the pod's ``restarted-from`` began this attempt and is not a failure of it."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
     status = pod.get("status") or {}
+    spec = pod.get("spec") or {}
+    in_place = any(c.get("name") == trainer and _restarts_all(c) for c in spec.get("containers") or [])
+    since = str(annotations.get(ANNOTATION_RESTARTED_FROM) or "")
     exit_code: int | None = None
-    finished_at = exit_reason = message = ""
+    finished_at = exit_reason = message = exited_id = ""
     reason = str(status.get("reason") or "")
-    others_running = False
+    others_running = trainer_running = restarting = False
     for cs in status.get("containerStatuses") or []:
-        others_running |= cs.get("name") != trainer and "running" in ((cs or {}).get("state") or {})
-        terminated = ((cs or {}).get("state") or {}).get("terminated")
-        if cs.get("name") == trainer and terminated and isinstance(terminated.get("exitCode"), int):
-            exit_code = terminated["exitCode"]
-            finished_at = str(terminated.get("finishedAt") or "")
-            exit_reason = str(terminated.get("reason") or "")
-            message = str(terminated.get("message") or "")
+        state = (cs or {}).get("state") or {}
+        others_running |= cs.get("name") != trainer and "running" in state
+        if cs.get("name") != trainer:
+            continue
+        trainer_running = "running" in state
+        terminated = state.get("terminated") or (((cs or {}).get("lastState") or {}).get("terminated") if in_place
+                                                 else None)  # fmt: skip
+        if not (terminated and isinstance(terminated.get("exitCode"), int)):
+            continue
+        exited_id = str(terminated.get("containerID") or "")
+        if in_place and exited_id and exited_id == since:
+            restarting = not trainer_running  # its kubelet is starting it again for this attempt
+            continue
+        exit_code = terminated["exitCode"]
+        finished_at = str(terminated.get("finishedAt") or "")
+        exit_reason = str(terminated.get("reason") or "")
+        message = str(terminated.get("message") or "")
+    if in_place and since and not exited_id and not trainer_running:
+        restarting = True  # its containers were removed for the restart and the new ones not started yet
     if exit_code is None and status.get("phase") == "Failed" and not reason:
         for cs in status.get("initContainerStatuses") or []:
             terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
@@ -176,6 +209,11 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         unschedulable=_unschedulable(status),
         disruption=_disruption(status),
         others_running=others_running,
+        in_place=in_place,
+        exited_id=exited_id,
+        restarting=restarting,
+        trainer_running=trainer_running,
+        adopted=bool(since),
     )
 
 

@@ -91,6 +91,15 @@ class FakeKube:
     def release_workload(self, namespace: str, name: str) -> None:
         self._call("RELEASE workload")
 
+    # In-place restarts: the real client asks the cluster once per process (a dry run); here it cannot
+
+    def restarts_in_place(self, namespace: str) -> bool:
+        return False
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self._call("PATCH pod")
+        return {"metadata": {"name": name, "namespace": namespace, **patch["metadata"]}}
+
 
 class Inline(Executor):
     """Runs each task at once in the calling thread: the controller's Events, in order, for the test to read."""

@@ -1,0 +1,72 @@
+"""Which pods of an earlier attempt a gang restart keeps: those its kubelet restarts in place.
+
+A rank pod built with a RestartAllContainers rule (``builders.restart_rules``) is restarted by its kubelet, every
+container of it, init containers first, when its trainer exits with a code the restart policy retries: same pod,
+node, IP, volumes and PodGroup. After the operator's Restart, such a pod of the last attempt is *adopted* into the
+new one (its attempt label moved, the exit that began it remembered) once its trainer has exited. A rank that has
+not exited within ``WAIT_SECONDS`` of the restart (blocked in a collective that a lost peer does not end, as NCCL
+can be) is deleted and made again, as is any pod that cannot be restarted in place: gone from its node, being
+deleted, taken away by Kubernetes, ended for good, or built from an older spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from ddpjob_operator.api import RunPolicy
+from ddpjob_operator.policies.restart import is_retryable
+from ddpjob_operator.status import Failure, PodView
+
+WAIT_SECONDS = 10.0
+"""How long a rank of the last attempt may run on after the gang restarted before it is deleted."""
+
+
+@dataclass(frozen=True)
+class Sorted:
+    adopt: tuple[PodView, ...] = ()
+    """Exited, and restarted (or about to be) by their kubelet: moved into the new attempt."""
+    wait: tuple[PodView, ...] = ()
+    """Still running the last attempt's process: given ``WAIT_SECONDS`` to exit."""
+    delete: tuple[PodView, ...] = ()
+    wait_left: float | None = None
+    """Seconds until the first waiting rank is deleted (None: none waits)."""
+
+
+def restartable(pod: PodView, policy: RunPolicy, spec_hash: str) -> bool:
+    """Whether the pod can join the next attempt in place at all."""
+    return (
+        pod.in_place
+        and pod.phase == "Running"
+        and not pod.terminating
+        and pod.disruption is None
+        and pod.spec_hash == spec_hash
+        and pod.rank is not None
+        and (pod.exit_code is None or (pod.exit_code != 0 and is_retryable(_failure(pod), policy)))
+    )
+
+
+def _failure(pod: PodView) -> Failure:
+    return Failure(rank=pod.rank or 0, pod=pod.name, exit_code=pod.exit_code)
+
+
+def sort(
+    stale: Sequence[PodView], policy: RunPolicy, spec_hash: str, replicas: int, since: datetime | None, now: datetime
+) -> Sorted:
+    """Sort the pods of earlier attempts for a gang restarted at ``since`` (None: not restarting)."""
+    adopt: list[PodView] = []
+    wait: list[PodView] = []
+    delete: list[PodView] = []
+    waited = (now - since).total_seconds() if since is not None else WAIT_SECONDS
+    for pod in stale:
+        in_range = pod.rank is not None and 0 <= pod.rank < replicas
+        if since is None or not in_range or not restartable(pod, policy, spec_hash):
+            delete.append(pod)
+        elif pod.exit_code is not None:
+            adopt.append(pod)
+        elif waited < WAIT_SECONDS:
+            wait.append(pod)
+        else:
+            delete.append(pod)
+    return Sorted(tuple(adopt), tuple(wait), tuple(delete), WAIT_SECONDS - waited if wait else None)
