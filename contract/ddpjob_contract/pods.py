@@ -12,9 +12,9 @@ MANAGED_BY = "ddpjob"
 POD_GROUP_API = "scheduling.k8s.io/v1beta1"
 # Hash of the spec fields a pod is built from: pods of a stale spec are replaced, never reused.
 ANNOTATION_SPEC_HASH = "ddpjob.dev/spec-hash"
-# On a pod restarted in place (its kubelet restarted every container on a retryable exit): the trainer container
-# whose exit began its current attempt. That exit is the last attempt's; a later one is this attempt's failure.
-ANNOTATION_RESTARTED_FROM = "ddpjob.dev/restarted-from"
+# On a pod restarted in place (its kubelet restarted every container on a retryable exit): the trainer container's
+# restartCount when its current attempt began. A restart past it is this attempt's failure.
+ANNOTATION_RESTART_COUNT = "ddpjob.dev/restart-count"
 
 # The environment injected into the trainer container (the first container).
 ENV_MASTER_ADDR = "MASTER_ADDR"

@@ -13,7 +13,7 @@ from typing import Any
 from ddpjob_contract import kueue
 from ddpjob_contract.exits import SIGNAL_EXIT_BASE
 from ddpjob_contract.pods import (
-    ANNOTATION_RESTARTED_FROM,
+    ANNOTATION_RESTART_COUNT,
     ANNOTATION_SPEC_HASH,
     DEFAULT_TERMINATION_GRACE_SECONDS,
     DEFAULT_TERMINATION_MESSAGE_PATH,
@@ -202,10 +202,11 @@ def restart_rules(policy: api.RunPolicy) -> list[dict[str, Any]]:
 
 
 def adoption(pod: PodView, attempt: int) -> dict[str, Any]:
-    """The merge patch that moves a pod restarted in place into ``attempt``: its attempt label, and the exit that
-    began it (``ANNOTATION_RESTARTED_FROM``). Its uid makes it a precondition: never a newer pod of that name."""
+    """The merge patch that moves a pod restarted in place into ``attempt``: its attempt label, and the trainer's
+    restartCount that begins it (``ANNOTATION_RESTART_COUNT``). Its uid makes it a precondition: never a newer pod
+    of that name."""
     return {"metadata": {"uid": pod.uid, "labels": {LABEL_ATTEMPT: str(attempt)},
-                         "annotations": {ANNOTATION_RESTARTED_FROM: pod.exited_id}}}  # fmt: skip
+                         "annotations": {ANNOTATION_RESTART_COUNT: str(pod.next_count)}}}  # fmt: skip
 
 
 def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, grace: int) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ddpjob_contract.pods import ANNOTATION_RESTARTED_FROM, ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
+from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT, ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.progress import Checkpoint, ProgressStatus
 from ddpjob_operator.times import from_time, to_time
@@ -70,12 +70,20 @@ class PodView:
     """A container other than the trainer still runs (a sidecar that kubelet will not stop by itself)."""
     in_place: bool = False
     """Its trainer has a RestartAllContainers rule: its kubelet restarts the pod in place on a retryable exit."""
-    exited_id: str = ""
-    """In place: the trainer container of its newest exit (its state, or its last state once restarted)."""
+    restarts: int = 0
+    """Its trainer's restartCount (the kubelet counts each restart in place)."""
+    next_count: int = 0
+    """In place: the trainer's restartCount once restarted for a new attempt (one more while it lies exited)."""
     restarting: bool = False
-    """In place: restarted for this attempt, its trainer not running again yet."""
+    """In place: its trainer's exit was the last attempt's, and its kubelet has not started it again yet."""
     adopted: bool = False
     """Restarted in place into its attempt (made for an earlier one)."""
+
+    @property
+    def restarted_by_kubelet(self) -> bool:
+        """Its trainer's exit is known only as the kubelet's removal for a restart in place: the code is lost."""
+        return self.exit_reason == RESTARTING_ALL_CONTAINERS
+
     trainer_running: bool = False
     """Its trainer container runs (for a pod waiting to be restarted in place: the last attempt's process)."""
 
@@ -143,42 +151,54 @@ def _restarts_all(container: Mapping[str, Any]) -> bool:
     return any(r.get("action") == "RestartAllContainers" for r in container.get("restartPolicyRules") or [])
 
 
+RESTARTING_ALL_CONTAINERS = "RestartingAllContainers"
+"""The kubelet's reason in a container's last state when it removed the container to restart its pod in place (the
+exit that triggered it is seldom reported: its code shows as 137 with this reason)."""
+
+
+RESTARTED_IN_PLACE = (
+    "exited with a code its restart policy retries, and its kubelet restarted it in place (the code is not kept)"
+)
+
+
 def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     """Read a pod (a dict as the API returns it); the trainer is the container named ``trainer``.
 
-    A pod restarted in place keeps its containers' newest exit in their last state: for its trainer, an exit whose
-    container is the pod's ``restarted-from`` began this attempt and is not a failure of it."""
+    A pod whose kubelet restarts it in place (``in_place``) counts each restart in its trainer's restartCount: a
+    restart past the count its attempt began at (``ANNOTATION_RESTART_COUNT``) is a failure of this attempt, read
+    from the last state; an exit below it was the last attempt's."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     status = pod.get("status") or {}
     spec = pod.get("spec") or {}
     in_place = any(c.get("name") == trainer and _restarts_all(c) for c in spec.get("containers") or [])
-    since = str(annotations.get(ANNOTATION_RESTARTED_FROM) or "")
+    began = str(annotations.get(ANNOTATION_RESTART_COUNT) or "")
+    base = int(began) if began.isdigit() else 0
     exit_code: int | None = None
-    finished_at = exit_reason = message = exited_id = ""
+    finished_at = exit_reason = message = ""
     reason = str(status.get("reason") or "")
     others_running = trainer_running = restarting = False
+    restarts = next_count = 0
     for cs in status.get("containerStatuses") or []:
         state = (cs or {}).get("state") or {}
         others_running |= cs.get("name") != trainer and "running" in state
         if cs.get("name") != trainer:
             continue
         trainer_running = "running" in state
-        terminated = state.get("terminated") or (((cs or {}).get("lastState") or {}).get("terminated") if in_place
-                                                 else None)  # fmt: skip
-        if not (terminated and isinstance(terminated.get("exitCode"), int)):
-            continue
-        exited_id = str(terminated.get("containerID") or "")
-        if in_place and exited_id and exited_id == since:
-            restarting = not trainer_running  # its kubelet is starting it again for this attempt
-            continue
-        exit_code = terminated["exitCode"]
-        finished_at = str(terminated.get("finishedAt") or "")
-        exit_reason = str(terminated.get("reason") or "")
-        message = str(terminated.get("message") or "")
-    if in_place and since and not exited_id and not trainer_running:
-        restarting = True  # its containers were removed for the restart and the new ones not started yet
+        restarts = cs.get("restartCount") if isinstance(cs.get("restartCount"), int) else 0
+        now_ended = state.get("terminated")
+        next_count = restarts + 1 if now_ended else restarts
+        terminated = now_ended
+        if in_place and now_ended and restarts < base:
+            restarting, terminated = True, None  # the exit that began this attempt: its kubelet restarts it
+        elif in_place and not now_ended and restarts > base:
+            terminated = ((cs or {}).get("lastState") or {}).get("terminated")  # restarted in place since
+        if terminated and isinstance(terminated.get("exitCode"), int):
+            exit_code = terminated["exitCode"]
+            finished_at = str(terminated.get("finishedAt") or "")
+            exit_reason = str(terminated.get("reason") or "")
+            message = str(terminated.get("message") or "")
     if exit_code is None and status.get("phase") == "Failed" and not reason:
         for cs in status.get("initContainerStatuses") or []:
             terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
@@ -210,10 +230,11 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         disruption=_disruption(status),
         others_running=others_running,
         in_place=in_place,
-        exited_id=exited_id,
+        restarts=restarts,
+        next_count=next_count,
         restarting=restarting,
         trainer_running=trainer_running,
-        adopted=bool(since),
+        adopted=bool(began),
     )
 
 
@@ -317,6 +338,8 @@ def observe(
         if found is None:
             if launched:
                 failures.append(Failure(rank=rank, pod=f"{job_name}-{rank}", cause="was deleted"))
+        elif found.failed and found.restarted_by_kubelet:
+            failures.append(Failure(rank=rank, pod=found.name, cause=RESTARTED_IN_PLACE))
         elif found.failed:
             cause = found.reason and (found.reason if " " in found.reason else f"failed: {found.reason}")
             failure = Failure(rank=rank, pod=found.name, exit_code=found.exit_code, cause=cause,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import urllib.request
 from typing import Any
 
@@ -80,3 +82,39 @@ def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: 
 
     saved = wait_for("status.lastCheckpoint to name the stop's checkpoint", reported, 120, interval=1)
     assert saved.get("time"), saved
+
+
+def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_one_restart(
+    jobs: Jobs, node: KubeletNode
+) -> None:
+    jobs.core.create_namespaced_persistent_volume_claim(
+        jobs.ns,
+        {"metadata": {"name": "ckpt"},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+    )  # fmt: skip
+    args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
+    jobs.create(cpu_job("inplace", args=args, checkpoint={"claimName": "ckpt"}))
+    jobs.wait_running("inplace", 180)
+    before = {r: jobs.pod(f"inplace-{r}") for r in range(2)}
+    rules = before[0].spec.containers[0].restart_policy_rules
+    assert rules and rules[0].action == "RestartAllContainers", "1.37 keeps the rule: in place is on"
+    wait_for("rank 1 past a checkpoint", lambda: _step(before[1].status.pod_ip) >= 25, 300, interval=1)
+    os.kill(jobs.pid(node, "inplace-1"), signal.SIGKILL)
+
+    def next_attempt_running() -> dict[str, Any] | None:
+        status = jobs.status("inplace")
+        return status if status.get("attempt") == 1 and status.get("phase") == "Running" else None
+
+    status = wait_for("attempt 1 running", next_attempt_running, 180, interval=1)
+    assert status["restarts"] == 1, status
+    after = {r: jobs.pod(f"inplace-{r}") for r in range(2)}
+    assert {r: p.metadata.uid for r, p in after.items()} == {r: p.metadata.uid for r, p in before.items()}, (
+        "the same pods, restarted in place"
+    )
+    assert all(p.metadata.labels["ddpjob.dev/attempt"] == "1" for p in after.values())
+    assert all(p.status.pod_ip == before[r].status.pod_ip for r, p in after.items())
+    log = jobs.log("inplace-0")
+    resumed = re.search(r"resumed from step (\d+) ", log)
+    assert resumed and int(resumed.group(1)) >= 20, log[:2000]
+    restarting = jobs.condition("inplace", "Restarting")
+    assert restarting and restarting["reason"] == "Recovered", restarting

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddpjob_contract.pods import ANNOTATION_RESTARTED_FROM, LABEL_ATTEMPT
+from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT, LABEL_ATTEMPT
 from ddpjob_contract.status import Phase
 from ddpjob_operator import builders
 from ddpjob_operator.policies import in_place
@@ -45,41 +45,48 @@ def test_no_rule_under_restart_policy_never_or_where_the_cluster_cannot() -> Non
 RULES = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [137, 200]}}]
 
 
-def raw(state: dict[str, Any], last: dict[str, Any] | None = None, since: str = "") -> dict[str, Any]:
+def raw(state: dict[str, Any], *, restarts: int = 0, last: dict[str, Any] | None = None, began: int | None = None,
+        phase: str = "Running") -> dict[str, Any]:  # fmt: skip
     """A rank pod with a RestartAllContainers rule, its trainer in ``state`` (and ``last``), as the kubelet says."""
-    status: dict[str, Any] = {"name": "trainer", "state": state, "restartCount": 0}
+    status: dict[str, Any] = {"name": "trainer", "state": state, "restartCount": restarts}
     if last:
         status["lastState"] = last
     return {
         "metadata": {"name": "train-1", "uid": "u1", "labels": {"ddpjob.dev/rank": "1", LABEL_ATTEMPT: "2"},
-                     "annotations": {ANNOTATION_RESTARTED_FROM: since} if since else {}},
+                     "annotations": {ANNOTATION_RESTART_COUNT: str(began)} if began is not None else {}},
         "spec": {"containers": [{"name": "trainer", "restartPolicy": "Never", "restartPolicyRules": RULES}]},
-        "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": [status]},
+        "status": {"phase": phase, "podIP": "10.0.0.1", "containerStatuses": [status]},
     }  # fmt: skip
 
 
-def exited(cid: str, code: int) -> dict[str, Any]:
-    return {"terminated": {"exitCode": code, "containerID": cid, "finishedAt": "2026-01-01T00:00:00Z"}}
+def exited(code: int) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "finishedAt": "2026-01-01T00:00:00Z", "message": "lost a peer"}}
+
+
+# What the kubelet reports once it has restarted a pod in place (seen on 1.37.2 in the box): the exit that caused
+# it is replaced by its removal.
+REMOVED = {"terminated": {"exitCode": 137, "reason": "RestartingAllContainers",
+                          "message": "The container is removed because RestartAllContainers in place"}}  # fmt: skip
 
 
 def test_an_exit_is_a_failure_until_the_pod_is_adopted_and_then_it_only_began_the_attempt() -> None:
-    failed = pod_view(raw(exited("c1", 137)), "trainer")
-    assert failed.in_place and failed.exit_code == 137 and failed.exited_id == "c1" and not failed.running
-    # The kubelet restarted it before the operator looked: the exit is in the last state, still this attempt's.
-    again = pod_view(raw({"running": {}}, last=exited("c1", 137)), "trainer")
-    assert again.exit_code == 137 and again.exited_id == "c1"
-    # Adopted from c1's exit: waiting to run again, then running, and the exit is the last attempt's.
-    waiting = pod_view(raw(exited("c1", 137), since="c1"), "trainer")
+    failed = pod_view(raw(exited(200)), "trainer")
+    assert failed.in_place and failed.exit_code == 200 and failed.next_count == 1 and not failed.running
+    # The kubelet restarted it before the operator looked: a restart past the attempt's count, its code lost.
+    again = pod_view(raw({"waiting": {}}, restarts=1, last=REMOVED, phase="Pending"), "trainer")
+    assert again.failed and again.restarted_by_kubelet and again.next_count == 1
+    # Adopted at count 1: the exit it lies in is the last attempt's; then it runs this attempt's process.
+    waiting = pod_view(raw(exited(200), began=1), "trainer")
     assert waiting.exit_code is None and waiting.restarting and not waiting.running and waiting.adopted
-    back = pod_view(raw({"running": {}}, last=exited("c1", 137), since="c1"), "trainer")
+    back = pod_view(raw({"running": {}}, restarts=1, last=REMOVED, began=1), "trainer")
     assert back.exit_code is None and not back.restarting and back.running
-    # A later exit is this attempt's failure, whether or not the kubelet has restarted it yet.
-    later = pod_view(raw({"running": {}}, last=exited("c2", 200), since="c1"), "trainer")
-    assert later.exit_code == 200 and later.exited_id == "c2"
+    # Restarted again since: this attempt's failure.
+    later = pod_view(raw({"running": {}}, restarts=2, last=REMOVED, began=1), "trainer")
+    assert later.failed and later.restarted_by_kubelet
 
 
 def test_a_pod_without_the_rule_reads_as_before() -> None:
-    body = raw({"running": {}}, last=exited("c1", 137))
+    body = raw({"running": {}}, restarts=1, last=exited(137))
     del body["spec"]["containers"][0]["restartPolicyRules"]
     plain = pod_view(body, "trainer")
     assert not plain.in_place and plain.exit_code is None and plain.running
@@ -87,32 +94,40 @@ def test_a_pod_without_the_rule_reads_as_before() -> None:
 
 def in_place_cluster(replicas: int = 2, **spec: Any) -> FakeCluster:
     c = running(replicas, **spec)
-    c.set_all(in_place=True)
+    c.set_all(in_place=True, trainer_running=True)
     return c
 
 
 def adopt(c: FakeCluster, names: list[str]) -> None:
     """What the operator's patch does, as the next pod views show it: in the attempt, waiting to run again."""
     for name in names:
-        c.pods[name] = replace(c.pods[name], attempt=c.status.attempt, adopted=True, exit_code=None, restarting=True)
+        c.pods[name] = replace(
+            c.pods[name],
+            attempt=c.status.attempt,
+            adopted=True,
+            exit_code=None,
+            exit_reason="",
+            restarting=True,
+            trainer_running=False,
+        )
 
 
 def test_a_retryable_exit_restarts_the_gang_in_place_counting_one_restart() -> None:
     c = in_place_cluster(2)
-    c.set(1, exit_code=137, exited_id="c1")
+    c.set(1, exit_code=137, next_count=1)
     p = c.step()
     assert c.status.phase is Phase.RESTARTING and (c.status.attempt, c.status.restarts) == (1, 1)
     assert [x.name for x in p.adopt_pods] == ["train-1"], "restarted by its kubelet: kept"
     assert p.delete_pods == () and p.create_ranks == ()
     assert p.requeue_after is not None and p.requeue_after <= in_place.WAIT_SECONDS, "rank 0 is given its time"
     adopt(c, ["train-1"])
-    c.set(0, exit_code=200, exited_id="c0")  # its collective failed with the lost peer
+    c.set(0, exit_code=200, next_count=1)  # its collective failed with the lost peer
     p = c.step()
     assert [x.name for x in p.adopt_pods] == ["train-0"] and c.status.restarts == 1, "one gang restart, counted once"
     adopt(c, ["train-0"])
     p = c.step()
     assert p.create_ranks == () and p.delete_pods == () and not p.create_pod_group
-    c.set_all(restarting=False)
+    c.set_all(restarting=False, trainer_running=True)
     c.settle()
     c.poll()
     c.settle()
@@ -123,7 +138,7 @@ def test_a_retryable_exit_restarts_the_gang_in_place_counting_one_restart() -> N
 
 def test_a_rank_that_does_not_exit_within_the_wait_is_made_again_without_a_podgroup_of_its_own() -> None:
     c = in_place_cluster(2, gangScheduling="Auto")
-    c.set(1, exit_code=137, exited_id="c1")
+    c.set(1, exit_code=137, next_count=1)
     c.step()
     adopt(c, ["train-1"])
     assert c.step().delete_pods == (), "within the wait"
@@ -136,23 +151,23 @@ def test_a_rank_that_does_not_exit_within_the_wait_is_made_again_without_a_podgr
 
 def test_a_non_retryable_exit_in_place_fails_the_job_as_before() -> None:
     c = in_place_cluster(2)
-    c.set(1, exit_code=1, exited_id="c1", phase="Failed")
+    c.set(1, exit_code=1, phase="Failed")
     p = c.step()
     assert c.status.phase is Phase.FAILED and p.adopt_pods == ()
 
 
 def test_a_failure_after_an_in_place_restart_is_the_next_restart() -> None:
     c = in_place_cluster(2)
-    c.set(1, exit_code=137, exited_id="c1")
+    c.set(1, exit_code=137, next_count=1)
     c.step()
     adopt(c, ["train-1"])
-    c.set(0, exit_code=200, exited_id="c0")
+    c.set(0, exit_code=200, next_count=1)
     c.step()
     adopt(c, ["train-0"])
-    c.set_all(restarting=False)
+    c.set_all(restarting=False, trainer_running=True)
     c.settle()
     c.poll()
     c.settle()
-    c.set(0, exit_code=137, exited_id="c0-2")
+    c.set(0, exit_code=137, exit_reason="RestartingAllContainers", next_count=2)
     p = c.step()
     assert (c.status.attempt, c.status.restarts) == (2, 2) and [x.name for x in p.adopt_pods] == ["train-0"]

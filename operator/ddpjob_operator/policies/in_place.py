@@ -36,14 +36,15 @@ class Sorted:
 
 def restartable(pod: PodView, policy: RunPolicy, spec_hash: str) -> bool:
     """Whether the pod can join the next attempt in place at all."""
+    retried = pod.restarted_by_kubelet or (pod.exit_code != 0 and is_retryable(_failure(pod), policy))
     return (
         pod.in_place
-        and pod.phase == "Running"
+        and pod.phase in ("Running", "Pending")  # Pending: its init containers run again
         and not pod.terminating
         and pod.disruption is None
         and pod.spec_hash == spec_hash
         and pod.rank is not None
-        and (pod.exit_code is None or (pod.exit_code != 0 and is_retryable(_failure(pod), policy)))
+        and (pod.exit_code is None or retried)
     )
 
 
@@ -65,7 +66,7 @@ def sort(
             delete.append(pod)
         elif pod.exit_code is not None:
             adopt.append(pod)
-        elif waited < WAIT_SECONDS:
+        elif waited < WAIT_SECONDS and pod.trainer_running:
             wait.append(pod)
         else:
             delete.append(pod)
