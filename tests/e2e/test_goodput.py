@@ -35,6 +35,22 @@ def _step(ip: str) -> int:
     return int(float(match.group(1))) if match else 0
 
 
+def _gauge(ip: str, name: str) -> float | None:
+    """A gauge from the rank's own metrics endpoint (None while it does not answer, or is 0)."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) or None if match else None
+
+
+def _resumed_line(jobs: Jobs, pod: str) -> str | None:
+    log = jobs.log(pod)
+    return log if "resumed from step" in log else None
+
+
 def _suspend(jobs: Jobs, name: str, suspend: bool) -> None:
     jobs.custom.patch_namespaced_custom_object(
         GROUP, VERSION, jobs.ns, PLURAL, name, {"spec": {"runPolicy": {"suspend": suspend}}}
@@ -113,8 +129,15 @@ def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_
     )
     assert all(p.metadata.labels["ddpjob.dev/attempt"] == "1" for p in after.values())
     assert all(p.status.pod_ip == before[r].status.pod_ip for r, p in after.items())
-    log = jobs.log("inplace-0")
-    resumed = re.search(r"resumed from step (\d+) ", log)
-    assert resumed and int(resumed.group(1)) >= 20, log[:2000]
+    # The new process of rank 0 loaded a checkpoint: it says so on its metrics (and in its log).
+    resumed_from = wait_for(
+        "rank 0's new process to report its checkpoint",
+        lambda: _gauge(after[0].status.pod_ip, "ddp_last_checkpoint_step"),
+        60,
+        interval=1,
+    )
+    assert resumed_from >= 20, resumed_from
+    log = wait_for("rank 0's log to say it resumed", lambda: _resumed_line(jobs, "inplace-0"), 60, interval=1)
+    assert f"resumed from step {int(resumed_from)} " in log
     restarting = jobs.condition("inplace", "Restarting")
     assert restarting and restarting["reason"] == "Recovered", restarting
