@@ -58,7 +58,7 @@ def job(name: str, *, interval: int, in_place: bool = True, extra: Sequence[str]
         "spec": {
             "replicas": 2,
             "checkpoint": {"claimName": name},
-            "runPolicy": {"backoffLimit": 1000, "inPlaceRestart": "Auto" if in_place else "Disabled"},
+            "runPolicy": {"backoffLimit": 100, "inPlaceRestart": "Auto" if in_place else "Disabled"},
             "template": {"spec": {"containers": [container]}},
         },
     }
@@ -113,7 +113,15 @@ class Cluster:
         return int(self.node.container_pid(found[0].container_id))
 
 
-def failure_to_training(cluster: Cluster, name: str) -> float:
+@dataclass
+class Recovery:
+    seconds: float
+    """SIGKILL -> every rank of the next attempt past a step."""
+    started: float
+    """SIGKILL -> the last rank's new process started (``process_start_time_seconds``): Kubernetes' share."""
+
+
+def failure_to_training(cluster: Cluster, name: str) -> Recovery:
     """One SIGKILL of rank 1; seconds until every rank of the next attempt has trained a step."""
     deadline = time.monotonic() + TRIAL_TIMEOUT
     wait_until("a step past the first checkpoint", lambda: all(s.get("ddp_step", 0) >= 25 for s in cluster.steps(name))
@@ -121,15 +129,17 @@ def failure_to_training(cluster: Cluster, name: str) -> float:
     pid = cluster.trainer_pid(cluster.ranks(name)[1])
     killed_wall, killed = time.time(), time.monotonic()
     os.kill(pid, signal.SIGKILL)
+    found: list[dict[str, float]] = []
 
     def training() -> bool:
-        found = cluster.steps(name)
+        found[:] = cluster.steps(name)
         return len(found) == 2 and all(
             s.get("process_start_time_seconds", 0) > killed_wall - 1 and s.get("ddp_steps_total", 0) >= 1 for s in found
         )
 
     wait_until("every rank of the next attempt past a step", training, lambda: deadline, interval=POLL)
-    return round(time.monotonic() - killed, 2)
+    started = max(s["process_start_time_seconds"] for s in found) - killed_wall
+    return Recovery(round(time.monotonic() - killed, 2), round(started, 2))
 
 
 def steps_lost(cluster: Cluster, name: str, rng: random.Random) -> int:
@@ -164,8 +174,8 @@ def steps_lost(cluster: Cluster, name: str, rng: random.Random) -> int:
 
 @dataclass
 class Results:
-    recreate: list[float]
-    in_place: list[float]
+    recreate: list[Recovery]
+    in_place: list[Recovery]
     at_once: list[int]
     saves_first: list[int]
 
@@ -180,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", choices=["failure", "stop"], default="", help="one of the two figures")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
 
@@ -202,11 +213,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         operator = OperatorProcess(plane.kubeconfig, Path(tmp) / "operator.log", namespaces=[namespace])
         try:
 
-            def kill(in_place: bool, into: list[float]) -> Callable[[], None]:
+            def kill(in_place: bool, into: list[Recovery]) -> Callable[[], None]:
                 def run() -> None:
                     name = cluster.start(job(f"r-{uuid.uuid4().hex[:6]}", interval=20, in_place=in_place))
                     into.append(failure_to_training(cluster, name))
-                    log(f"{'in place' if in_place else 'recreate'}: failure -> training {into[-1]}s")
+                    log(
+                        f"{'in place' if in_place else 'recreate'}: failure -> training {into[-1].seconds}s "
+                        f"(new processes started after {into[-1].started}s)"
+                    )
                     cluster.delete(name)
 
                 return run
@@ -221,19 +235,25 @@ def main(argv: Sequence[str] | None = None) -> None:
 
                 return run
 
-            alternate(args.trials, kill(False, results.recreate), kill(True, results.in_place))
-            alternate(args.trials, stop(False, results.at_once), stop(True, results.saves_first))
+            if args.only in ("", "failure"):
+                alternate(args.trials, kill(False, results.recreate), kill(True, results.in_place))
+            if args.only in ("", "stop"):
+                alternate(args.trials, stop(False, results.at_once), stop(True, results.saves_first))
         finally:
             operator.stop()
             api.close()
     rows: list[list[Any]] = []
     for label, how, values in (
-        ("failure -> training again, s", "recreate", results.recreate),
-        ("failure -> training again, s", "in place", results.in_place),
-        ("steps lost per stop", "at once", results.at_once),
-        ("steps lost per stop", "saves first", results.saves_first),
+        ("failure -> training again, s", "recreate", [r.seconds for r in results.recreate]),
+        ("failure -> training again, s", "in place", [r.seconds for r in results.in_place]),
+        ("failure -> new processes started, s", "recreate", [r.started for r in results.recreate]),
+        ("failure -> new processes started, s", "in place", [r.started for r in results.in_place]),
+        ("steps lost per stop", "at once", [float(v) for v in results.at_once]),
+        ("steps lost per stop", "saves first", [float(v) for v in results.saves_first]),
     ):
         floats = [float(v) for v in values]
+        if not floats:
+            continue
         rows.append([label, how, len(values), f"{percentile(floats, 50):.1f}", f"{percentile(floats, 90):.1f}",
                      f"{max(floats):.1f}"])  # fmt: skip
     markdown = table(["figure", "how", "trials", "median", "p90", "max"], rows)
