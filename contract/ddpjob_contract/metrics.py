@@ -20,6 +20,10 @@ SAMPLES_TOTAL = "ddp_samples_total"
 STEP = "ddp_step"
 """Gauge: the training step reached (the global optimizer step, restored from the checkpoint on
 resume; ``ddp_steps_total`` counts only this process's steps and restarts at 0)."""
+TARGET_STEP = "ddp_target_step"
+"""Gauge: the step the run ends at (``--steps``, or ``--epochs`` x the steps of an epoch), 0 until known. With
+``ddp_step`` it gives the percent done and the ETA; a program that cannot know it (epochs over data of unknown
+size) leaves it out or at 0."""
 LAST_STEP_TIMESTAMP_SECONDS = "ddp_last_step_timestamp_seconds"
 """Gauge: Unix time the last step finished (for stall alerts: ``time() - ddp_last_step...``)."""
 LOSS = "ddp_loss"
@@ -54,6 +58,7 @@ ALL = (
     STEPS_TOTAL,
     SAMPLES_TOTAL,
     STEP,
+    TARGET_STEP,
     LAST_STEP_TIMESTAMP_SECONDS,
     LOSS,
     LAST_CHECKPOINT_STEP,

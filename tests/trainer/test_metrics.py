@@ -48,6 +48,7 @@ def test_every_contract_metric_is_exported_before_the_first_step() -> None:
     for phase in names.PHASES:
         assert sample(m, f"{names.PHASE_SECONDS}_count", phase=phase) == 0
     assert names.LAST_STEP_TIMESTAMP_SECONDS in exported
+    assert sample(m, names.TARGET_STEP) == 0, "0 until the run knows where it ends: no percent done yet"
 
 
 def test_recording_steps_counts_steps_and_samples_and_observes_every_phase() -> None:

@@ -165,6 +165,7 @@ def test_every_rank_serves_all_metrics_with_counts_equal_to_the_steps_done() -> 
         for phase in names.PHASES:
             assert samples[f"{names.PHASE_SECONDS}_count{{phase={phase}}}"] == steps, (rank, phase)
         assert samples[names.STEPS_TOTAL] == steps
+        assert samples[names.TARGET_STEP] == steps, "the step the run ends at: 100 % in kubectl get ddpj"
         assert samples[names.SAMPLES_TOTAL] == steps * batch
         assert samples[names.PROCESS_GROUP_READY] == 1
         assert samples[names.LAST_STEP_TIMESTAMP_SECONDS] > 1e9  # a Unix time

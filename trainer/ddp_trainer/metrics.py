@@ -30,6 +30,7 @@ from ddpjob_contract.metrics import (
     STEP,
     STEP_SECONDS,
     STEPS_TOTAL,
+    TARGET_STEP,
 )
 
 __all__ = ["ALL", "PHASES", "Metrics", "StepTiming"]
@@ -84,6 +85,7 @@ class Metrics:
             _base(SAMPLES_TOTAL, "_total"), "Samples this process has trained on.", registry=self.registry
         )
         self.step = Gauge(STEP, "The training step reached (restored on resume).", registry=self.registry)
+        self.target_step = Gauge(TARGET_STEP, "The step the run ends at; 0 until known.", registry=self.registry)
         self.last_step = Gauge(LAST_STEP_TIMESTAMP_SECONDS, "Unix time the last step finished.", registry=self.registry)
         self.loss = Gauge(LOSS, "Loss of the last step on this rank.", registry=self.registry)
         self.last_checkpoint_step = Gauge(

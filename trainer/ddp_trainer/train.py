@@ -207,6 +207,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     if save_on_stop:
         signals.arm(cfg.checkpoint.stop_grace_seconds)
     metrics.info.info(_info(cfg, d))
+    metrics.target_step.set(parts.total)  # with ddp_step: the percent done and the ETA in `kubectl get ddpj`
     accum = cfg.optim.grad_accum_steps
     if d.is_main:
         log.info(
