@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ddpjob_contract import metrics as names
+from ddpjob_operator import eta
 from ddpjob_operator.times import from_time, to_time
 
 WINDOW_SECONDS = 60.0
@@ -50,6 +51,8 @@ class RankSample:
     """ddp_process_group_ready == 1: this rank has joined the process group."""
     step: float | None = None
     """ddp_step, the training step reached (survives resume); None from a trainer without it."""
+    target: float | None = None
+    """ddp_target_step, the step the run ends at; None from a program that does not know it (or says 0)."""
     steps: float = 0.0
     samples: float = 0.0
     step_sum: float = 0.0
@@ -80,6 +83,7 @@ class RankSample:
         return RankSample(
             ready=self.ready,
             step=self.step,
+            target=self.target,
             steps=self.steps - older.steps,
             samples=self.samples - older.samples,
             step_sum=self.step_sum - older.step_sum,
@@ -119,9 +123,11 @@ def parse_metrics(text: str) -> RankSample:
             phases[labels[names.PHASE_LABEL]] = value
         elif not labels:
             values[name] = value
+    target = values.get(names.TARGET_STEP)
     return RankSample(
         ready=values.get(names.PROCESS_GROUP_READY, 0.0) >= 1.0,
         step=values.get(names.STEP),
+        target=target if target is not None and target > 0 else None,
         steps=values.get(names.STEPS_TOTAL, 0.0),
         samples=values.get(names.SAMPLES_TOTAL, 0.0),
         step_sum=values.get(f"{names.STEP_SECONDS}_sum", 0.0),
@@ -233,6 +239,10 @@ class ProgressStatus:
     """Ranks of this attempt that reported their process group ready (ever, in this attempt)."""
     world_size: int = 0
     step: int | None = None
+    total_steps: int | None = None
+    """The step the run ends at, as the ranks said (``ddp_target_step``); None when they do not know."""
+    steps_per_second: float | None = None
+    """The pace the step advanced at over the window (wall time: checkpoints and data waits count)."""
     samples_per_second: float | None = None
     step_time_p50: float | None = None
     window_seconds: float | None = None
@@ -249,12 +259,20 @@ class ProgressStatus:
     note: str = ""
     """What the figures cannot show, in plain words (the silent ranks)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, running: bool = True) -> dict[str, Any]:
+        """``running``: whether the job is Running; an ETA is written only then (not while it restarts, is
+        suspended or has finished: the pace of a window past is no forecast)."""
         out: dict[str, Any] = {"attempt": self.attempt, "joined": self.joined, "worldSize": self.world_size}
         if self.final:
             out["final"] = True
+        left = eta.seconds_left(self.step, self.total_steps, self.steps_per_second) if running else None
         optional: dict[str, Any] = {
             "step": self.step,
+            "totalSteps": self.total_steps,
+            "percentDone": eta.percent_done(self.step, self.total_steps),
+            "stepsPerSecond": self.steps_per_second,
+            "etaSeconds": left,
+            "eta": eta.human_duration(left),
             "samplesPerSecond": self.samples_per_second,
             "stepTimeSeconds": self.step_time_p50,
             "stepTime": human_seconds(self.step_time_p50),
@@ -285,6 +303,8 @@ class ProgressStatus:
             joined=_int(raw.get("joined")) or 0,
             world_size=_int(raw.get("worldSize")) or 0,
             step=_int(raw.get("step")),
+            total_steps=_int(raw.get("totalSteps")),
+            steps_per_second=_float(raw.get("stepsPerSecond")),
             samples_per_second=_float(raw.get("samplesPerSecond")),
             step_time_p50=_float(raw.get("stepTimeSeconds")),
             window_seconds=_float(raw.get("windowSeconds")),
@@ -375,6 +395,10 @@ class Summary:
     at: datetime
     joined: frozenset[int]
     step: int | None
+    total_steps: int | None
+    """The step the run ends at, from the newest answers that say it."""
+    steps_per_second: float | None
+    """How fast the step advanced over the window (the fastest rank's pace: they train in lockstep)."""
     samples_per_second: float | None
     step_time_p50: float | None
     window_seconds: float
@@ -400,8 +424,11 @@ class _RankWindow:
 
     progress: RankProgress
     reached: float
+    target: float | None
     rate: float | None
     """Samples per second over the window; None with fewer than two answers."""
+    step_rate: float | None
+    """Steps per second over the window; None with fewer than two answers."""
     buckets: tuple[tuple[float, float], ...]
     recent_work: float | None
     """Work seconds per step between its last two answers."""
@@ -413,6 +440,9 @@ def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], err
     span = (last_at - first_at).total_seconds()
     latest = last.minus(answers[-2][1] if len(answers) > 1 else None)
     timed = window.step_count > 0
+    # The pace from the steps this process did (ddp_steps_total), not from ddp_step: a resumed run's ddp_step
+    # jumps from 0 to its checkpoint's step at its first step. A program without the counter: from ddp_step.
+    done = window.steps if last.steps > 0 else last.reached - first.reached
     return _RankWindow(
         progress=RankProgress(
             rank=target.rank,
@@ -424,7 +454,9 @@ def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], err
             error=error,
         ),
         reached=last.reached,
+        target=last.target,
         rate=window.samples / span if len(answers) > 1 and span > 0 else None,
+        step_rate=done / span if len(answers) > 1 and span > 0 else None,
         buckets=window.step_buckets,
         recent_work=latest.work_sum / latest.step_count if latest.step_count > 0 else None,
     )
@@ -451,10 +483,14 @@ def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS)
         merged[le] = merged.get(le, 0.0) + n
     p50 = quantile(0.5, sorted(merged.items()))
     rates = [w.rate for w in windows if w.rate is not None]
+    targets = [w.target for w in windows if w.target is not None]
+    paces = [w.step_rate for w in windows if w.step_rate is not None]
     return Summary(
         at=latest.at,
         joined=joined_ranks(scrapes),
         step=int(max(w.reached for w in windows)) if windows else None,
+        total_steps=int(max(targets)) if targets else None,
+        steps_per_second=float(f"{max(paces):.4g}") if paces else None,
         samples_per_second=round(sum(rates), 1) if rates else None,
         step_time_p50=_round(p50) if p50 is not None else None,
         window_seconds=round((latest.at - recent[0].at).total_seconds(), 1),

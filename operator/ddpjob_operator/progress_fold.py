@@ -73,15 +73,16 @@ def joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scra
 def finished(job: Job, status: JobStatus, obs: Observation) -> ProgressStatus | None:
     """A finished job's progress holds its outcome, not its last poll.
 
-    No rank carries a poll's error: the pods' exits decide, and the conditions say why. A succeeded run's figures
-    are its ranks' own, from their exit messages (once: then they are final); every one of its ranks joined (all
-    passed the last barrier to exit 0); and a rank that never answered a poll served no metrics, which the note
-    says once, as the silent-rank rule does in a longer run.
+    No rank carries a poll's error: the pods' exits decide, and the conditions say why; nor does the pace of the
+    last polls stay (a finished run has no ETA). A succeeded run's figures are its ranks' own, from their exit
+    messages (once: then they are final); every one of its ranks joined (all passed the last barrier to exit 0);
+    and a rank that never answered a poll served no metrics, which the note says once, as the silent-rank rule
+    does in a longer run.
     """
     if not status.phase.finished or status.progress is None:
         return status.progress
     spec = job.spec
-    old = progress.fresh(status.progress, status.attempt, spec.world_size)
+    old = replace(progress.fresh(status.progress, status.attempt, spec.world_size), steps_per_second=None)
     if status.phase is not Phase.SUCCEEDED:
         return replace(old, ranks=tuple(replace(r, error="") for r in old.ranks))
     if not old.final:
@@ -134,6 +135,8 @@ def fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | Non
         note=silent_note(job, silent),
         joined=min(spec.world_size, max(old.joined, len(summary.joined))),
         step=summary.step if summary.step is not None else old.step,
+        total_steps=summary.total_steps if summary.total_steps is not None else old.total_steps,
+        steps_per_second=summary.steps_per_second,
         samples_per_second=summary.samples_per_second,
         step_time_p50=summary.step_time_p50,
         window_seconds=summary.window_seconds,

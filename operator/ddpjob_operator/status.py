@@ -433,7 +433,7 @@ class JobStatus:
             "ready": f"{self.running}/{self.replicas}",
             "observedGeneration": self.observed_generation,
             "conditions": [c.to_dict() for c in self.conditions],
-            "progress": self.progress.to_dict() if self.progress else None,
+            "progress": self.progress.to_dict(running=self.phase is Phase.RUNNING) if self.progress else None,
             "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
         }
 

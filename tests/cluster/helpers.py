@@ -46,10 +46,12 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {self.message}")
 
 
-def trainer_metrics(*, joined: bool = True, steps: int = 0, work: float = 0.01) -> str:
-    """What the real trainer's /metrics says after ``steps`` steps of ``work`` seconds each (plus 20 ms of backward)."""
+def trainer_metrics(*, joined: bool = True, steps: int = 0, work: float = 0.01, total: int = 0) -> str:
+    """What the real trainer's /metrics says after ``steps`` steps of ``work`` seconds each (plus 20 ms of backward),
+    in a run of ``total`` steps (0: not known yet)."""
     metrics = Metrics()
     metrics.pg_ready.set(1 if joined else 0)
+    metrics.target_step.set(total)
     for n in range(1, steps + 1):
         phases = {"data": 0.0, "forward": work, "backward": 0.02, "optimizer": 0.0}
         metrics.record(StepTiming(step=n, samples=16, step_seconds=work + 0.02, phase_seconds=phases, loss=1.0))

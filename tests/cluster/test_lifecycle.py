@@ -6,6 +6,8 @@ pods without a node are deleted at once, as the garbage collector and the operat
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from typing import Any
 
@@ -249,16 +251,16 @@ def test_deleting_the_job_removes_its_children_without_finalizers(raw: Raw, name
     wait_for(lambda: raw.pods(namespace, "train") == [], what="the garbage collector to delete the pods")
 
 
-def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_and_age(
+def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_progress_eta_and_age(
     raw: Raw, namespace: str, operator: Operator
 ) -> None:
     start(raw, namespace, straggler={"windowSeconds": 4})  # a short window: polled every second
     run_all(raw, namespace)
-    for pod in raw.pods(namespace, "train"):  # both ranks train: 50 steps, then 250
-        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=50))
+    for pod in raw.pods(namespace, "train"):  # both ranks train a run of 1000 steps: 50 steps, then 250
+        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=50, total=1000))
     wait_for(lambda: raw.status(namespace, "train").get("progress", {}).get("step") == 50, what="step 50")
     for pod in raw.pods(namespace, "train"):
-        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=250))
+        raw.set_pod(namespace, pod["metadata"]["name"], "Running", trainer=trainer_metrics(steps=250, total=1000))
 
     def table_row() -> list[Any] | None:
         table = raw.request(
@@ -266,18 +268,23 @@ def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_and_ag
             headers_accept="application/json;as=Table;v=v1;g=meta.k8s.io",
         )  # fmt: skip
         assert [c["name"] for c in table["columnDefinitions"]] == [
-            "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Queue", "Age"
+            "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Progress", "ETA", "Queue", "Age"
         ]  # fmt: skip
         (row,) = table["rows"]
         cells: list[Any] = row["cells"]
-        return cells if cells[4] == 250 and cells[5] else None
+        return cells if cells[4] == 250 and cells[5] and cells[8] else None
 
-    cells = wait_for(table_row, what="a row with step 250 and a throughput")
+    cells = wait_for(table_row, what="a row with step 250, a throughput and an ETA")
     assert cells[:5] == ["train", "Running", "2/2", 0, 250]
     assert cells[5] > 0, "images per second, from the samples counted between two polls"
     # every step took 30 ms: the median, read from the histogram as histogram_quantile does, is the
     # middle of their bucket (25 ms, 50 ms]
     assert cells[6] == "37.5ms"
+    assert cells[7] == 25, "step 250 of the 1000 the ranks say the run has"
+    progress = raw.status(namespace, "train")["progress"]
+    # the 750 steps left at the pace the step went from 50 to 250 (between two polls, a second or more apart)
+    assert progress["etaSeconds"] == math.ceil(750 / progress["stepsPerSecond"]), progress
+    assert re.fullmatch(r"\d+[smhd](\d+[smh])?", cells[8]), cells[8]
     status = raw.status(namespace, "train")
     assert status["startTime"] and status["observedGeneration"] == 1
 
