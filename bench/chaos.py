@@ -513,7 +513,12 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
         case "hang-rank":
             os.kill(trainer_pid(stack, job, pod), signal.SIGSTOP)
         case "delete-pod":
-            stack.call(stack.core.delete_namespaced_pod, pod, job.namespace)
+            try:
+                stack.call(stack.core.delete_namespaced_pod, pod, job.namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                raise NotInjected(f"{pod} is gone (the job is restarting)") from None
         case "kill-operator":
             stack.box_fault(stack.kill_operator)
         case "kill-operator-at-point":

@@ -98,8 +98,18 @@ def release(cluster: Cluster, api_client: Any, node: KubeletNode) -> Iterator[Re
 
 
 def _operator_log(release: Release) -> str:
-    pod = release.operator_pod()
-    return str(release.core.read_namespaced_pod_log(pod.metadata.name, release.namespace)) if pod else ""
+    """The running operator pod's log. Its Deployment replaces a pod that dies, so the pod listed may be gone by
+    the time its log is read (404): then its successor's is read, as if it had been listed a moment later."""
+    for _ in range(3):
+        pod = release.operator_pod()
+        if pod is None:
+            return ""
+        try:
+            return str(release.core.read_namespaced_pod_log(pod.metadata.name, release.namespace))
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    return ""
 
 
 def _diagnosis(release: Release) -> str:

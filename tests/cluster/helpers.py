@@ -233,8 +233,13 @@ class Raw:
         self.merge(f"/api/v1/namespaces/{ns}/pods/{quote(name)}/status", {"status": status})
 
     def set_all(self, ns: str, job: str, phase: str, **kw: Any) -> None:
+        """Every pod of the job as listed; one the operator deleted since (a gang restart) is no longer its pod."""
         for pod in self.pods(ns, job):
-            self.set_pod(ns, pod["metadata"]["name"], phase, **kw)
+            try:
+                self.set_pod(ns, pod["metadata"]["name"], phase, **kw)
+            except ApiError as err:
+                if err.status != 404:
+                    raise
 
 
 def apply_crd(raw: Raw) -> dict[str, Any]:

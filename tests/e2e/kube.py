@@ -1,10 +1,15 @@
-"""Small helpers for end-to-end tests: waiting on pods, reading their logs, finding their processes."""
+"""Small helpers for end-to-end tests: waiting on pods, reading their logs, finding their processes.
+
+The operator replaces pods (a gang restart deletes every rank's pod and makes it again under the same name), so a
+pod read by name may be absent for a moment at any time: a probe takes that as "not yet" (``Jobs.find_pod``), and
+a read that needs the pod fails the test saying so, with its job's status (``Jobs.pod``).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 from kubernetes import client
@@ -27,15 +32,26 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval:
         time.sleep(interval)
 
 
+def read_pod(core: Any, namespace: str, name: str) -> Any | None:
+    """The pod, or None while there is none by that name (not made yet, or deleted and not made again yet)."""
+    try:
+        return core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        return None
+
+
 def wait_pod_phase(core: Any, namespace: str, name: str, phases: set[str], timeout: float) -> Any:
     """The pod once its phase is one of ``phases``; fail the test naming its last phase and status otherwise."""
     deadline = time.monotonic() + timeout
     while True:
-        pod = core.read_namespaced_pod(name, namespace)
-        if pod.status.phase in phases:
+        pod = read_pod(core, namespace, name)
+        if pod is not None and pod.status.phase in phases:
             return pod
         if time.monotonic() > deadline:
-            pytest.fail(f"pod {name} stayed {pod.status.phase} for {timeout}s: {pod.status}", pytrace=False)
+            said = f"stayed {pod.status.phase} for {timeout}s: {pod.status}" if pod else f"did not exist for {timeout}s"
+            pytest.fail(f"pod {name} {said}", pytrace=False)
         time.sleep(0.2)
 
 
@@ -80,8 +96,18 @@ class Jobs:
 
         return wait_for(f"{name} to be {phase}", reached, timeout, interval=1)
 
+    def find_pod(self, name: str) -> Any | None:
+        """The pod, or None while it does not exist: for probes, which ask again."""
+        return read_pod(self.core, self.ns, name)
+
     def pod(self, name: str) -> Any:
-        return self.core.read_namespaced_pod(name, self.ns)
+        """A pod the test needs now: one that is gone fails the test with its job's status (why it was replaced)."""
+        found = self.find_pod(name)
+        return found if found is not None else self._gone(name)
+
+    def _gone(self, pod: str) -> NoReturn:
+        job = pod.rsplit("-", 1)[0]
+        pytest.fail(f"pod {pod} is gone; job {job}'s status: {self.status(job)}", pytrace=False)
 
     def log(self, pod: str, container: str = "trainer") -> str:
         """What the container printed, as ``kubectl logs`` shows it (kubelet's log, through the apiserver).
@@ -92,14 +118,14 @@ class Jobs:
         except ApiException as err:
             if err.status != 404:
                 raise
-            job = pod.rsplit("-", 1)[0]
-            pytest.fail(f"pod {pod} is gone; job {job}'s status: {self.status(job)}", pytrace=False)
+            self._gone(pod)
 
     def pid(self, node: KubeletNode, pod: str, container: str = "trainer") -> int:
         """The host PID of a pod's running container, to signal it from outside as a fault would."""
 
         def running_id() -> str | None:
-            statuses = self.pod(pod).status.container_statuses or []
+            found_pod = self.find_pod(pod)  # made again after a restart: not yet
+            statuses = (found_pod.status.container_statuses or []) if found_pod else []
             found = [s for s in statuses if s.name == container and s.state.running and s.container_id]
             return str(found[0].container_id) if found else None
 

@@ -116,7 +116,7 @@ def test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(
     os.kill(jobs.pid(node, "resume-1"), signal.SIGKILL)
 
     def second_attempt() -> Any:
-        pod = jobs.pod("resume-0") if _exists(jobs, "resume-0") else None
+        pod = jobs.find_pod("resume-0")  # absent between the old pod's deletion and the new one's creation
         return pod if pod and pod.metadata.labels["ddpjob.dev/attempt"] == "1" else None
 
     wait_for("the gang to come back as the next attempt", second_attempt, 180, interval=1)
@@ -146,10 +146,6 @@ def test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_
     assert len(restarts) >= 2, f"one Event for the restart and one for the failure, each naming OOMKilled: {restarts}"
 
 
-def _exists(jobs: Jobs, pod: str) -> bool:
-    return pod in [p.metadata.name for p in jobs.core.list_namespaced_pod(jobs.ns).items]
-
-
 def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_0(
     jobs: Jobs, namespace: str, node: KubeletNode, cluster: Cluster
 ) -> None:
@@ -168,7 +164,9 @@ def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_
         jobs.core.delete_namespaced_pod("stale-1", namespace)
 
         def waiting_pods() -> list[Any] | None:
-            pods = [jobs.pod(f"stale-{rank}") if _exists(jobs, f"stale-{rank}") else None for rank in range(2)]
+            # One read per pod, absent taken as "not yet": the operator deletes each pod of attempt 0 and makes
+            # it again under the same name, so a pod listed a moment ago may be gone when it is read (issue 31).
+            pods = [jobs.find_pod(f"stale-{rank}") for rank in range(2)]
             if any(p is None or p.metadata.labels["ddpjob.dev/attempt"] != "1" for p in pods):
                 return None
             return pods if all(_waits(p) for p in pods) else None
