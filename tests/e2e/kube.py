@@ -7,6 +7,7 @@ a read that needs the pod fails the test saying so, with its job's status (``Job
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -53,6 +54,17 @@ def wait_pod_phase(core: Any, namespace: str, name: str, phases: set[str], timeo
             said = f"stayed {pod.status.phase} for {timeout}s: {pod.status}" if pod else f"did not exist for {timeout}s"
             pytest.fail(f"pod {name} {said}", pytrace=False)
         time.sleep(0.2)
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """The rows of ``kubectl get``'s table, cut by its header's columns: an empty cell is a cell too."""
+    header, *lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    return [
+        dict(zip(names, (line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)), strict=True))
+        for line in lines
+    ]
 
 
 def summary_samples_per_second(log: str) -> float:

@@ -19,9 +19,12 @@ from ddpjob_box.prometheus import Prometheus
 from tests.conftest import Cluster
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import Jobs, summary_samples_per_second, wait_for
+from tests.e2e.kube import Jobs, summary_samples_per_second, table, wait_for
 
 pytestmark = pytest.mark.e2e
+
+ETA = re.compile(r"\d+[smhd](\d+[smh])?")
+"""The ETA column: 45s, 4m5s, 2h3m, 3d4h."""
 
 
 def _steps_done(pod: Any) -> float:
@@ -59,6 +62,14 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     # The chart's and the manifest's securityContext, as the kubelet enforces it on the trainer image.
     identity = kubectl("exec", "-n", namespace, f"{name}-0", "-c", "trainer", "--", "id").stdout
     assert re.match(r"uid=10001\(\w+\) gid=10001\(", identity), identity  # uid=10001(ddpjob) gid=10001(ddpjob) ...
+
+    def with_eta() -> dict[str, str] | None:
+        (row,) = table(kubectl("get", "ddpj", name, "-n", namespace).stdout)
+        assert row["PHASE"] not in ("Succeeded", "Failed"), f"{name} ended before kubectl get showed an ETA: {row}"
+        return row if row["PROGRESS"] and row["ETA"] else None
+
+    row = wait_for("kubectl get ddpj to show PROGRESS and ETA while the job trains", with_eta, 300, interval=1)
+    assert row["PHASE"] == "Running" and 0 <= float(row["PROGRESS"]) <= 100 and ETA.fullmatch(row["ETA"]), row
     status = jobs.wait_phase(name, "Succeeded", 600)
     assert status["replicas"]["succeeded"] == 2 and status["restarts"] == 0
     for rank in range(2):
@@ -75,8 +86,8 @@ def test_a_cpu_job_applied_with_kubectl_succeeds_and_prometheus_sees_every_rank(
     assert progress.get("final") is True and progress["step"] == steps, progress
     measured = summary_samples_per_second(log)  # all ranks together, as rank 0 measured them
     assert abs(progress["samplesPerSecond"] - measured) <= 0.10 * measured, (progress, measured)
-    columns = kubectl("get", "ddpj", name, "-n", namespace).stdout.splitlines()
-    assert columns[1].split()[4] == str(steps), columns  # NAME PHASE READY RESTARTS STEP ...
+    (row,) = table(kubectl("get", "ddpj", name, "-n", namespace).stdout)
+    assert row["STEP"] == str(steps) and float(row["PROGRESS"]) == 100 and row["ETA"] == "", row
 
     def series() -> list[dict[str, Any]] | None:
         found = prometheus.query(f'max_over_time(ddp_steps_total{{namespace="{namespace}", ddpjob="{name}"}}[15m])')
@@ -267,25 +278,55 @@ dist.destroy_process_group()
 """
 
 
-def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(jobs: Jobs, namespace: str) -> None:
-    jobs.core.create_namespaced_config_map(namespace, {"metadata": {"name": "script"}, "data": {"train.py": TEXTBOOK}})
-    body = cpu_job("textbook")
+def _textbook_job(jobs: Jobs, name: str, epochs: int) -> None:
+    jobs.core.create_namespaced_config_map(jobs.ns, {"metadata": {"name": "script"}, "data": {"train.py": TEXTBOOK}})
+    body = cpu_job(name)
     container = body["spec"]["template"]["spec"]["containers"][0]
     container.update(
         command=["python", "/scripts/train.py"],
-        # Long enough (a minute or two) for the operator to give up on its /metrics: 5 polls over 45 s.
-        args=["--epochs", "6000"],
+        args=["--epochs", str(epochs)],
         volumeMounts=[{"name": "script", "mountPath": "/scripts"}],
     )
     body["spec"]["template"]["spec"]["volumes"] = [{"name": "script", "configMap": {"name": "script"}}]
     jobs.create(body)
+
+
+def _reads_as_its_outcome(status: dict[str, Any]) -> None:
+    """A finished textbook job's status: every rank joined (each passed the last barrier to exit 0), no rank carries
+    a poll's error, one note names the ranks that served no metrics, and no percent or ETA is made up."""
+    progress = status["progress"]
+    assert status["phase"] == "Succeeded" and progress["joined"] == progress["worldSize"] == 2, status
+    assert [r for r in progress.get("ranks", []) if "error" in r] == [], status
+    assert progress["note"] == (
+        "rank 0 serves no metrics on port 9090, rank 1 serves no metrics on port 9090: progress is not shown for them"
+    ), status
+    assert "connect" not in str(status).lower(), status
+    assert not {"totalSteps", "percentDone", "etaSeconds", "eta"} & set(progress), status
+
+
+def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(
+    jobs: Jobs, kubectl: Kubectl, namespace: str
+) -> None:
+    # Long enough (a minute or two) for the operator to give up on its /metrics: 5 polls over 45 s.
+    _textbook_job(jobs, "textbook", 6000)
     jobs.wait_phase("textbook", "Running", 180)
+    (row,) = table(kubectl("get", "ddpj", "textbook", "-n", namespace).stdout)
+    assert (row["PROGRESS"], row["ETA"]) == ("", ""), f"while it runs, with no total and no pace: empty: {row}"
     wait_for("the no-metrics note", lambda: jobs.status("textbook").get("progress", {}).get("note"), 150, interval=2)
     status = jobs.wait_phase("textbook", "Succeeded", 900)
     # It serves no /metrics: said once, in plain words, with no connection error carried in the status.
-    note = status["progress"].get("note", "")
-    assert "rank 0 serves no metrics on port 9090" in note and "rank 1 serves no metrics" in note, status
-    assert "connect" not in str(status).lower(), status
+    _reads_as_its_outcome(status)
+    (row,) = table(kubectl("get", "ddpj", "textbook", "-n", namespace).stdout)
+    assert (row["STEP"], row["PROGRESS"], row["ETA"]) == ("", "", ""), row
+
+
+def test_a_textbook_script_that_ends_within_seconds_leaves_its_outcome_not_its_polls_in_the_status(
+    jobs: Jobs,
+) -> None:
+    """Issue 31: it Succeeded in about 6 s, before the operator could tell a silent rank from a slow start, and
+    its final status kept a connection error per rank and joined 0."""
+    _textbook_job(jobs, "brief", 2)
+    _reads_as_its_outcome(jobs.wait_phase("brief", "Succeeded", 300))
 
 
 def _failed_message(jobs: Jobs, name: str) -> str:

@@ -4,7 +4,7 @@ polls each rank's /metrics by direct HTTP to the pod IP.
 - a slow rank is flagged by StragglerDetected (condition and Event naming the pod and its node)
   within the window, and cleared once the slowdown stops;
 - a SIGSTOPped rank makes the job restart with reason NoProgress before the collective timeout;
-- `kubectl get ddpj` shows STEP, IMG/S and STEP-TIME during training;
+- `kubectl get ddpj` shows STEP, IMG/S and STEP-TIME during training, with PROGRESS and ETA columns;
 - `ddpjob report` writes PNGs of the expected series, from Prometheus and from the ranks;
 - on a finished run its plots end at completion and its throughput peaks at what the trainer measured.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from ddpjob_box.prometheus import SCRAPE_SECONDS, Prometheus
 from ddpjob_operator import report
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import Jobs, summary_samples_per_second, wait_for
+from tests.e2e.kube import Jobs, summary_samples_per_second, table, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -56,15 +55,13 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
     assert running["progress"]["joined"] == 2
 
     def columns() -> dict[str, str] | None:
-        out = kubectl("get", "ddpj", "straggle", "-n", namespace).stdout.splitlines()
         # cut by the header's columns: an empty cell (QUEUE, for a job without a Kueue queue) is one too
-        starts = [m.start() for m in re.finditer(r"\S+", out[0])]
-        cells = [out[1][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
-        row = dict(zip(out[0].split(), cells, strict=True))
+        (row,) = table(kubectl("get", "ddpj", "straggle", "-n", namespace).stdout)
         return row if row.get("STEP", "").isdigit() and int(row["STEP"]) > 0 and row.get("IMG/S") else None
 
     row = wait_for("kubectl get ddpj to show STEP, IMG/S and STEP-TIME", columns, 60, interval=2)
-    assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "QUEUE", "AGE"]
+    assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "PROGRESS", "ETA",
+                         "QUEUE", "AGE"]  # fmt: skip
     assert row["QUEUE"] == "", "a job without the kueue.x-k8s.io/queue-name label has nothing in QUEUE"
     assert row["PHASE"] == "Running" and float(row["IMG/S"]) > 0 and row["STEP-TIME"].endswith("ms")
 
