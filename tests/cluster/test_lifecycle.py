@@ -268,7 +268,8 @@ def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_progre
             headers_accept="application/json;as=Table;v=v1;g=meta.k8s.io",
         )  # fmt: skip
         assert [c["name"] for c in table["columnDefinitions"]] == [
-            "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Progress", "ETA", "Queue", "Age"
+            "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Progress", "ETA", "Queue",
+            "Checkpoint", "Age",
         ]  # fmt: skip
         (row,) = table["rows"]
         cells: list[Any] = row["cells"]
