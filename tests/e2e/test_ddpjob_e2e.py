@@ -164,7 +164,11 @@ def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_
     `<job>-0.<job>` still resolves to the previous attempt's rank 0, where nothing answers, and a rendezvous
     there times out. With the controller-manager stopped, cluster DNS keeps the old addresses for as long as
     this test likes: every rank must hold in its init container, saying why, and the job must still succeed
-    with the one restart it had."""
+    with the one restart it had.
+
+    Rank 0's pod is the one deleted: only a new pod has a new address. Since in-place restarts (b3fe488) the
+    other rank's kubelet restarts its pod where it is, init containers first, at the same address; deleting
+    rank 1 instead left rank 0 at the address DNS still gave, and nothing to wait for."""
     assert cluster.box is not None and cluster.box.plane is not None
     manager = next(c for c in cluster.box.plane.components if c.name == "kube-controller-manager")
     args = ["--steps", "200", "--slow-rank", "0", "--slow-seconds", "0.05", "--pg-timeout-seconds", "60"]
@@ -172,7 +176,7 @@ def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_
     jobs.wait_running("stale", 180)
     manager.stop()
     try:
-        jobs.core.delete_namespaced_pod("stale-1", namespace)
+        jobs.core.delete_namespaced_pod("stale-0", namespace)
 
         def waiting_pods() -> list[Any] | None:
             # One read per pod, absent taken as "not yet": the operator deletes each pod of attempt 0 and makes
