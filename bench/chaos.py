@@ -19,7 +19,8 @@ the apiserver, etcd or the operator then lands on every job alive at the time, a
 still keep every promise (such a restart causes no counted restart). A box fault passes alone: the
 other runs' calls to the apiserver wait until it answers again. Then it checks:
 
-- never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s);
+- never two live pods for one rank, nor live pods of two attempts (polled every 0.3 s), but while a gang restarts
+  in place, for at most 60 s, as its ranks' pods move into the next attempt one by one;
 - ``status.restarts`` equals the restart-causing faults injected (a killed, deleted or hung rank;
   suspend, a spec edit, the operator's, kubelet's, the apiserver's or etcd's restart cause none);
 - the job Succeeded and its final step is the configured steps, or, when the faults that cost a restart
@@ -66,6 +67,7 @@ from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, t
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
+from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT
 from ddpjob_contract.status import Reason
 from ddpjob_operator import faults as operator_faults
 
@@ -101,6 +103,9 @@ KUEUE_FAULTS = ("preempt", "restart-kueue")
 checkpoint once the other is done, with no restart counted), and Kueue's manager killed and started again."""
 QUEUE, LOW, HIGH = "user-queue", "low-priority", "high-priority"
 PREEMPT_SECONDS = 120
+MIXED_ATTEMPTS_SECONDS = 60.0
+"""Longest a gang restarting in place may have pods of two attempts: the last ranks' wait (``in_place.WAIT_SECONDS``),
+their grace period when deleted (30 s), and slack for a loaded machine."""
 """How long a preemptor may take to evict a running job (Kueue's scheduling cycle, the operator's 2 s look)."""
 
 
@@ -361,6 +366,7 @@ class Watchdog:
     def __init__(self, stack: Stack, job: JobRef) -> None:
         self.stack, self.job = stack, job
         self.violations: list[str] = []
+        self._mixed_since: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -379,8 +385,25 @@ class Watchdog:
             for rank, count in ranks.items():
                 if count > 1:
                     self._say(f"{count} live pods for rank {rank}")
-            if len(attempts) > 1:
-                self._say(f"live pods of attempts {sorted(attempts)} at once")
+            self._attempts(live, attempts)
+
+    def _attempts(self, live: list[Any], attempts: set[str | None]) -> None:
+        """Pods of two attempts at once: never when the gang is recreated (the old pods go first). Restarted in
+        place, the ranks' pods move into the next attempt one by one as each exits (each is adopted once its
+        kubelet restarts it), so the two may overlap while the last ranks exit, or are deleted after
+        ``in_place.WAIT_SECONDS``, and no longer than ``MIXED_ATTEMPTS_SECONDS``."""
+        if len(attempts) <= 1:
+            self._mixed_since = None
+            return
+        adopted = any(ANNOTATION_RESTART_COUNT in (p.metadata.annotations or {}) for p in live)
+        if not adopted:
+            self._say(f"live pods of attempts {sorted(str(a) for a in attempts)} at once")
+            return
+        now = time.monotonic()
+        self._mixed_since = self._mixed_since or now
+        if now - self._mixed_since > MIXED_ATTEMPTS_SECONDS:
+            named = sorted(str(a) for a in attempts)
+            self._say(f"live pods of attempts {named} at once for over {MIXED_ATTEMPTS_SECONDS:.0f}s in place")
 
     def _say(self, what: str) -> None:
         if what not in self.violations:
