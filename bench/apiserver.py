@@ -23,6 +23,8 @@ from bench.common import wait_until
 
 DURATION = "apiserver_request_duration_seconds"
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
+USER_AGENT = "ddpjob-bench"
+"""What the benchmarks' own requests say they are: the audit log tells them from the operator's."""
 
 
 class ApiError(Exception):
@@ -46,7 +48,8 @@ class Api:
         return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
 
     def _headers(self, content_type: str = "application/json") -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}", "Accept": "application/json", "Content-Type": content_type}
+        return {"Authorization": f"Bearer {self.token}", "Accept": "application/json", "Content-Type": content_type,
+                "User-Agent": USER_AGENT}  # fmt: skip
 
     def raw(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> bytes:
         payload = None if body is None else json.dumps(body).encode()

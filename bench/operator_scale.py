@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,9 @@ class PodWatch:
     resumes from the last resourceVersion it saw, so no event is lost. ``resumed`` counts that.
     """
 
-    def __init__(self, client: Api, replicas: int) -> None:
-
+    def __init__(self, client: Api, replicas: int, *, selector: str = f"{LABEL_MANAGED_BY}={MANAGED_BY}",
+                 job_label: str = LABEL_JOB_NAME) -> None:  # fmt: skip
+        """``selector`` picks the operator's pods; ``job_label`` names a pod's job (DDPJob's by default)."""
         self.replicas = replicas
         self.jobs: dict[tuple[str, str], JobTimes] = {}
         self.done = threading.Condition()
@@ -117,8 +118,8 @@ class PodWatch:
         self.resumed = 0
         self.failed: Exception | None = None
         self._client = client
-        self._job_label = LABEL_JOB_NAME
-        self._selector = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+        self._job_label = job_label
+        self._selector = selector
         listed = client.get("/api/v1/pods", labelSelector=self._selector, limit="1")
         self._version = listed["metadata"]["resourceVersion"]
         self._closed = False
@@ -262,13 +263,14 @@ class Profiler:
     for a process that mostly waits, that is where its wall time goes.
     """
 
-    def __init__(self, pid: int, out: Path) -> None:
+    def __init__(self, pid: int, out: Path, *, idle: bool = True) -> None:
+        """``idle`` False: only the samples of threads on a CPU, i.e. where the process's CPU time goes."""
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(exe).exists():
             raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
         self.out = out
-        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--idle", "--format", "raw",
-                "-o", str(out)]  # fmt: skip
+        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", *(["--idle"] if idle else []),
+                "--format", "raw", "-o", str(out)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
@@ -347,8 +349,14 @@ def _frame_name(frame: str) -> str:
 
 
 def create_jobs(client: Api, watch: PodWatch, namespace: str, names: list[str], replicas: int, rate: float,
-                threads: int, gang_scheduling: str = "Auto") -> list[str]:  # fmt: skip
-    """Create the jobs at ``rate`` per second (0: as fast as possible) from ``threads`` threads; returns errors."""
+                threads: int, gang_scheduling: str = "Auto", *,
+                body: Callable[[str], dict[str, Any]] | None = None, path: str = "") -> list[str]:  # fmt: skip
+    """Create the jobs at ``rate`` per second (0: as fast as possible) from ``threads`` threads; returns errors.
+
+    DDPJobs, unless ``body`` (a job's body from its name) and ``path`` (where to POST them) say otherwise.
+    """
+    make = body or (lambda name: job_body(name, replicas, gang_scheduling))
+    where = path or jobs_path(namespace)
     errors: list[str] = []
     lock = threading.Lock()
     next_index = iter(range(len(names)))
@@ -365,7 +373,7 @@ def create_jobs(client: Api, watch: PodWatch, namespace: str, names: list[str], 
             times = watch.job(namespace, names[i])
             times.sent = time.perf_counter()
             try:
-                client.post(jobs_path(namespace), job_body(names[i], replicas, gang_scheduling))
+                client.post(where, make(names[i]))
             except (apiserver.ApiError, OSError) as err:
                 with lock:
                     errors.append(f"{names[i]}: {err}")

@@ -5,11 +5,17 @@ Services and PodGroups, and changes to PodGroups, whose deletion waits for the c
 their protection finalizer. The log stays small through a soak of hundreds of jobs. When a rank's pod
 disappears, or a child outlives its job, this says whether the operator, kubelet, the garbage collector,
 the namespace controller or a test acted, and when.
+
+A benchmark may ask for more (``requests=True``): every request of the clients that are not the control plane's
+own (its controllers, scheduler, nodes and service accounts), once each, when answered, so that an operator's
+requests can be counted by verb and resource (``bench.peer_operator``).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 POLICY = """\
@@ -26,12 +32,26 @@ rules:
 - level: None
 """
 
+REQUESTS_POLICY = POLICY.replace(
+    "- level: None\n",
+    """\
+- level: None
+  users: [system:kube-controller-manager, system:kube-scheduler, system:apiserver, system:kube-proxy]
+- level: None
+  userGroups: [system:serviceaccounts, system:nodes]
+- level: Metadata
+""",
+).replace("omitStages: [RequestReceived]", "omitStages: [RequestReceived, ResponseStarted]")
+"""Every request of the other clients (operators, tests, the benchmark), once, at ResponseComplete; removals as
+in POLICY, whoever asks."""
 
-def apiserver_flags(directory: Path) -> list[str]:
-    """The kube-apiserver flags that write the audit log under ``directory``, with its policy file."""
+
+def apiserver_flags(directory: Path, *, requests: bool = False) -> list[str]:
+    """The kube-apiserver flags that write the audit log under ``directory``, with its policy file (``requests``:
+    REQUESTS_POLICY)."""
     directory.mkdir(parents=True, exist_ok=True)
     policy = directory / "audit-policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(REQUESTS_POLICY if requests else POLICY)
     return [
         f"--audit-policy-file={policy}",
         f"--audit-log-path={log_path(directory)}",
@@ -66,3 +86,33 @@ def removals(log: Path, namespace: str, owner: str) -> list[str]:
         code = (event.get("responseStatus") or {}).get("code", "?")
         lines.append(f"{event.get('stageTimestamp', '?')} {user} {event.get('verb', '?')} {what}: {code}")
     return lines
+
+
+def requests(log: Path, *, since: float, user: str, skip_agents: tuple[str, ...] = ()) -> Counter[tuple[str, str]]:
+    """How many requests ``user`` made, received at or after ``since`` (seconds since the epoch), by (verb, resource
+    [/subresource]); those whose user agent starts with one of ``skip_agents`` are left out. Needs REQUESTS_POLICY."""
+    counts: Counter[tuple[str, str]] = Counter()
+    if not log.exists():
+        return counts
+    for raw in log.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(raw)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if (event.get("user") or {}).get("username") != user or event.get("stage") != "ResponseComplete":
+            continue
+        if str(event.get("userAgent", "")).startswith(skip_agents):
+            continue
+        received = event.get("requestReceivedTimestamp", "")
+        try:
+            when = datetime.fromisoformat(received).timestamp()
+        except ValueError:
+            continue
+        if when < since:
+            continue
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource") or event.get("requestURI", "?").split("?")[0]
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        counts[str(event.get("verb", "?")), resource] += 1
+    return counts

@@ -46,6 +46,8 @@ class Box:
     slots: int | None = None
     apiserver_port: int | None = None
     reset: bool = False
+    # the apiserver audits every request of the clients outside the control plane (ddpjob_box.audit), for benchmarks
+    audit_requests: bool = False
     box_id: str = field(default_factory=lambda: secrets.token_hex(3))
     plane: ControlPlane | None = None
     node: KubeletNode | None = None
@@ -66,7 +68,12 @@ class Box:
     def start(self) -> None:
         if self.with_kueue and not self.with_node:
             raise BoxError("Kueue runs on the box's node: drop --no-node to use --kueue")
-        self.plane = ControlPlane(data_dir=self.data_dir, apiserver_port=self.apiserver_port, reset=self.reset)
+        self.plane = ControlPlane(
+            data_dir=self.data_dir,
+            apiserver_port=self.apiserver_port,
+            reset=self.reset,
+            audit_requests=self.audit_requests,
+        )
         try:
             self.plane.start()
             if self.with_node:

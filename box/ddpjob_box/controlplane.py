@@ -128,6 +128,8 @@ class ControlPlane:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     pod_groups: bool = True
     """Serve the PodGroup API and schedule gangs (GenericWorkload); False: a cluster without them."""
+    audit_requests: bool = False
+    """Audit every request of the clients outside the control plane, not only removals (ddpjob_box.audit)."""
     components: list[Component] = field(default_factory=list)
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
     etcd_url: str = ""
@@ -273,7 +275,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
-                *audit.apiserver_flags(self.logs_dir),
+                *audit.apiserver_flags(self.logs_dir, requests=self.audit_requests),
                 *self._gang_flags(),
                 f"--runtime-config={POD_GROUP_API}={str(self.pod_groups).lower()}",
             ],

@@ -19,6 +19,7 @@ from ddpjob_box.errors import BoxError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
 MIN_GO = (1, 26)
+TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 
 
 def cache_dir() -> Path:
@@ -146,17 +147,38 @@ def kueue_build() -> GoBuild:
 
 def kueue_module_dir() -> Path:
     """Kueue's module source (its chart lives under charts/kueue), downloaded by the Go toolchain into its cache."""
-    kueue = kueue_version()
+    return go_module_dir("kueue", "sigs.k8s.io/kueue", kueue_version())
+
+
+def training_operator_version() -> str:
+    """The Kubeflow training-operator release tools/training-operator/go.mod pins (e.g. v1.9.3)."""
+    return _required_version("training-operator", TRAINING_OPERATOR_MODULE)
+
+
+def training_operator_build() -> GoBuild:
+    """Kubeflow's training-operator, for bench.peer_operator only: never shipped, not built by ``make tools``.
+    Its PyTorchJob CRD comes from the same module (go_module_dir)."""
+    version = training_operator_version()
+    return GoBuild(
+        module_dir="training-operator",
+        key=f"training-operator-{version}",
+        packages={"training-operator": f"{TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1"},
+    )
+
+
+def go_module_dir(module_dir: str, module: str, version: str) -> Path:
+    """A module's source, downloaded by the Go toolchain into its cache (from tools/<module_dir>, whose go.sum
+    pins it)."""
     proc = subprocess.run(
-        [_go(), "mod", "download", "-json", f"sigs.k8s.io/kueue@{kueue}"],
-        cwd=TOOLS_DIR / "kueue",
+        [_go(), "mod", "download", "-json", f"{module}@{version}"],
+        cwd=TOOLS_DIR / module_dir,
         capture_output=True,
         text=True,
         check=False,
     )
     match = re.search(r'"Dir":\s*"([^"]+)"', proc.stdout)
     if proc.returncode != 0 or not match:
-        raise BoxError(_explain_go_failure(f"sigs.k8s.io/kueue@{kueue}", proc.stderr or proc.stdout))
+        raise BoxError(_explain_go_failure(f"{module}@{version}", proc.stderr or proc.stdout))
     return Path(match.group(1))
 
 

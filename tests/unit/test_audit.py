@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ddpjob_box import audit
@@ -53,3 +54,35 @@ def test_the_policy_records_removals_only_and_the_flags_name_it(tmp_path: Path) 
     assert f"--audit-log-path={audit.log_path(tmp_path / 'logs')}" in flags
     assert "verbs: [delete, deletecollection]" in policy.read_text()
     assert policy.read_text().rstrip().endswith("- level: None")
+
+
+def _request(verb: str, resource: str, user: str, agent: str, received: str, subresource: str = "") -> str:
+    ref = {"resource": resource, **({"subresource": subresource} if subresource else {})}
+    return json.dumps({"stage": "ResponseComplete", "verb": verb, "objectRef": ref, "user": {"username": user},
+                       "userAgent": agent, "requestReceivedTimestamp": received})  # fmt: skip
+
+
+def test_requests_are_counted_by_verb_and_resource_for_one_user_since_a_time_without_the_skipped_agents(
+    tmp_path: Path,
+) -> None:
+    log = audit.log_path(tmp_path)
+    log.write_text("\n".join([
+        _request("create", "pods", "box-admin", "kopf/1", "2026-11-26T09:00:01Z"),
+        _request("create", "pods", "box-admin", "python/3", "2026-11-26T09:00:02.5Z"),
+        _request("update", "ddpjobs", "box-admin", "python/3", "2026-11-26T09:00:03Z", subresource="status"),
+        _request("create", "pods", "box-admin", "python/3", "2026-11-26T08:59:59Z"),  # before
+        _request("create", "ddpjobs", "box-admin", "ddpjob-bench", "2026-11-26T09:00:04Z"),  # the load generator
+        _request("create", "endpointslices", "system:serviceaccount:kube-system:x", "kcm", "2026-11-26T09:00:05Z"),
+        '{"stage": "ResponseComplete", "verb": "create", "objectRef',  # a line cut short by a kill
+    ]))  # fmt: skip
+    since = datetime(2026, 11, 26, 9, 0, 0, tzinfo=UTC).timestamp()
+    counted = audit.requests(log, since=since, user="box-admin", skip_agents=("ddpjob-bench",))
+    assert counted == {("create", "pods"): 2, ("update", "ddpjobs/status"): 1}
+
+
+def test_the_requests_policy_audits_every_other_client_once_and_still_every_removal(tmp_path: Path) -> None:
+    audit.apiserver_flags(tmp_path / "logs", requests=True)
+    policy = (tmp_path / "logs" / "audit-policy.yaml").read_text()
+    assert "omitStages: [RequestReceived, ResponseStarted]" in policy
+    assert policy.index("verbs: [delete, deletecollection]") < policy.index("userGroups: [system:serviceaccounts")
+    assert policy.rstrip().endswith("- level: Metadata")
