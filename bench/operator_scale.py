@@ -264,13 +264,15 @@ class Profiler:
     """
 
     def __init__(self, pid: int, out: Path, *, idle: bool = True) -> None:
-        """``idle`` False: only the samples of threads on a CPU, i.e. where the process's CPU time goes."""
+        """``idle`` False: only the samples of the thread holding the GIL (``--gil``): where the process's Python
+        CPU time goes. (Without ``--idle`` alone, py-spy still counts threads blocked in an SSL read or a select.)"""
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(exe).exists():
             raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
         self.out = out
-        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", *(["--idle"] if idle else []),
-                "--format", "raw", "-o", str(out)]  # fmt: skip
+        which = ["--idle"] if idle else ["--gil"]
+        argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", *which, "--format", "raw",
+                "-o", str(out)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:

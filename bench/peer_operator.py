@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--creators", type=int, default=8, help="threads creating jobs")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after the warm-up and after the load")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on jobs not done this long after")
-    parser.add_argument("--profile", action="store_true", help="one more DDPJob run, under py-spy (CPU samples)")
+    parser.add_argument("--profile", action="store_true", help="one more DDPJob run, under py-spy (--gil)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON, markdown and logs")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             profile = args.out / f"{NAME}.pyspy.txt"
             runs.setdefault("DDPJob under py-spy", []).append(
                 with_totals(run_once(box, client, ours, order, args, profile=profile)))  # fmt: skip
-    markdown = report(runs, ours.name, theirs.name, args)
+    markdown = report(runs, ours.name, theirs.name, args) if runs.get(ours.name) and runs.get(theirs.name) else ""
     if profile is not None:
         markdown += "\n\n" + profile_report(profile)
     data = {"name": NAME, "machine": machine(), "settings": vars(args) | {"out": str(args.out)}, "runs": runs}
@@ -426,7 +426,7 @@ def profile_report(path: Path, top: int = 20) -> str:
         return "(py-spy wrote no profile)"
     total, inclusive, own = operator_scale.profile_summary(path.read_text(), top=top)
     return "\n".join([
-        f"Where our operator's CPU went (py-spy at 100 Hz, on-CPU samples only, {total} samples):",
+        f"Where our operator's CPU went (py-spy at 100 Hz, samples of the thread holding the GIL, {total} samples):",
         "",
         table(["function (inclusive)", "share"], [[n, f"{s:.1f}%"] for n, s in inclusive]),
         "",
