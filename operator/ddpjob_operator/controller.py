@@ -352,7 +352,8 @@ class Controller:
                 self._api.create(builders.service(job))
             if the_plan.create_pod_group:
                 self._api.create(builders.pod_group(job, attempt))
-                self._api.delete_pod_groups(job.namespace, job.name, keep_attempt=attempt)
+                if attempt > 0:  # attempts only grow: before the first restart, no older PodGroup can exist
+                    self._api.delete_pod_groups(job.namespace, job.name, keep_attempt=attempt)
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
