@@ -76,23 +76,22 @@ class Kube:
         self._api = api_client if api_client is not None else _client_from_environment(connections)
         self._timeout = timeout
         self._in_place: bool | None = None
+        # Read once: the generated client's param_serialize reads it (scanning the environment for proxies) and
+        # walks every body to sanitize it, on every request; ours are plain JSON already.
+        self._host = str(self._api.configuration.host)
 
     def close(self) -> None:
         self._api.close()
 
     def _call(self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str,
               timeout: float | tuple[float, float]) -> Any:  # fmt: skip
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        m, url, h, b, _ = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        headers = {**self._api.default_headers, "Accept": "application/json", "Content-Type": content_type}
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)  # a rotated token too
+        url = self._host + path
+        if query:
+            url += "?" + "&".join(f"{k}={quote(str(v))}" for k, v in query)  # as param_serialize encodes them
         try:
-            return self._api.call_api(m, url, header_params=h, body=b, _request_timeout=timeout)
+            return self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
             raise Unreachable(0, f"{method} {path}: the apiserver did not answer ({reason})") from None
