@@ -1,7 +1,9 @@
 """Kopf glue: a few lines per handler; the ``Runtime`` does the work.
 
-DDPJobs come through Kopf. Pods come through our own pod cache (one list-and-watch, filtered by
-our label on the server), which reconciles read instead of listing pods each time.
+DDPJobs come through our own job watch (``jobwatch``), pods through our own pod cache (one list-and-watch,
+filtered by our label on the server), which reconciles read instead of listing pods each time. Kopf runs the
+process: startup, login, cleanup, the liveness probe; it watches no resource of ours (its per-event work cost
+more than the reconciles, and most events of a job are the echoes of our own status writes).
 
 No on.delete handler and no timers or daemons, hence no finalizers: deleting a DDPJob never
 waits for the operator, and owner references let the garbage collector remove the children.
@@ -10,37 +12,20 @@ waits for the operator, and owner references let the garbage collector remove th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
 
-from ddpjob_operator import api, metrics, namespaces
+from ddpjob_operator import metrics, namespaces
 from ddpjob_operator.kube import Unreachable, in_cluster
 from ddpjob_operator.runtime import NotServed, Runtime
 
 STARTUP_RETRY_SECONDS = 2
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """Kopf diffs each event's body against the last handled one, for on.create/update/resume handlers. We have
-    none (only on.event), so the diff is never read; building it deep-copied every event's body (a tenth of the
-    operator's CPU under load, bench.peer_operator's profile) and reading it parsed an annotation we never write."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        pass
-
-
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events describe transitions
-    settings.persistence.diffbase_storage = NoDiffBase()
     scope = list(memo.get("namespaces") or [])
     # Kopf scans namespaces and CRDs to expand patterns; a plain list needs no scan, and the
     # namespaced chart grants no cluster-wide list rights (it would log Forbidden on every try).
@@ -75,8 +60,3 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.runtime.stop()
-
-
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def job_event(namespace: str | None, name: str, event: Mapping[str, Any], memo: Any, **_: Any) -> None:
-    memo.runtime.job_event((namespace or "", name), event.get("type"), event.get("object"))

@@ -152,9 +152,25 @@ class Kube:
 
         Raises ``Expired`` when ``version`` is too old to watch from.
         """
-        query = [("labelSelector", _MANAGED), ("watch", "true"), ("resourceVersion", version),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(seconds))]  # fmt: skip
-        response = self._call("GET", _pods_path(namespace), None, query, "application/json", (10.0, seconds + 30.0))
+        return self._watch(_pods_path(namespace), [("labelSelector", _MANAGED)], version, seconds)
+
+    def list_jobs(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        """Every DDPJob in ``namespace`` ("": all), and the list's resourceVersion."""
+        data = self._request("GET", self._jobs_path(namespace))
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_jobs(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, job) for each change after ``version``, as ``watch_managed_pods``."""
+        return self._watch(self._jobs_path(namespace), [], version, seconds)
+
+    def _jobs_path(self, namespace: str) -> str:
+        return self._job_path(namespace) if namespace else f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}"
+
+    def _watch(self, path: str, query: list[tuple[str, str]], version: str,
+               seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+        query = [*query, ("watch", "true"), ("resourceVersion", version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(seconds))]  # fmt: skip
+        response = self._call("GET", path, None, query, "application/json", (10.0, seconds + 30.0))
         if not 200 <= response.status < 300:
             raw = response.read()
             _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)

@@ -1,8 +1,8 @@
 """The operator's long-lived parts, made once at startup and stopped at cleanup.
 
 A job's worker (``WorkQueue``) runs the ``Controller``'s reconcile in a thread. Three things wake
-it: Kopf's events for the job, the pod cache's watch (a pod of the job changed), and the poller
-(a new scrape of the job's ranks). Every part is made in ``__init__``, before anything can wake a
+it: the job watch's events for the job (``jobwatch``), the pod cache's watch (a pod of the job changed), and the
+poller (a new scrape of the job's ranks). Every part is made in ``__init__``, before anything can wake a
 worker: the watch threads start in ``start``.
 """
 
@@ -20,6 +20,7 @@ from ddpjob_contract import kueue
 from ddpjob_operator import api, metrics, namespaces
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
+from ddpjob_operator.jobwatch import JobWatch
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
@@ -73,10 +74,11 @@ class Runtime:
         self._pools = (self._reconciles, creates, events)
         self.queue = WorkQueue(self._reconcile)
         self.served: set[Key] = set()
-        """Jobs Kopf delivered, so in a namespace we serve: only they are woken by their pods."""
+        """Jobs the job watch delivered, so in a namespace we serve: only they are woken by their pods."""
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
                              concurrency=progress_concurrency)  # fmt: skip
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
+        self.jobs = JobWatch(Kube(connections=2), namespaces, self._job_changed)
         self._stopped = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_workloads, args=(list(namespaces),), daemon=True,
                                          name="workload-sweep")  # fmt: skip
@@ -85,10 +87,12 @@ class Runtime:
 
     def start(self) -> None:
         self.pods.start()
+        self.jobs.start()
         self._sweeper.start()
 
     async def stop(self) -> None:
         self._stopped.set()
+        self.jobs.stop()
         self.pods.stop()
         await self.poller.stop()  # first: each poll wakes a worker
         await self.queue.stop()
@@ -97,7 +101,8 @@ class Runtime:
         self.kube.close()
 
     def job_event(self, key: Key, kind: str | None, body: Mapping[str, Any] | None) -> None:
-        """Kopf's watch event for a DDPJob: its body saves the reconcile a GET."""
+        """The job watch's event for a DDPJob (kind None: listed), on the event loop: its body saves the reconcile
+        a GET."""
         if kind == "DELETED":
             self.controller.bodies.drop(key)
             self.served.discard(key)
@@ -137,6 +142,10 @@ class Runtime:
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise  # the work queue logs it and retries with backoff
+
+    def _job_changed(self, key: Key, kind: str | None, body: dict[str, Any] | None) -> None:
+        """From the job watch's threads: hand the event to the event loop."""
+        self._loop.call_soon_threadsafe(self.job_event, key, kind, body)
 
     def _pods_changed(self, key: Key) -> None:
         """From the cache's watch threads: wake the job's worker, on the event loop."""
