@@ -51,14 +51,28 @@ def module_namespace(raw: Raw) -> Iterator[str]:
 
 
 class Operator:
-    """The operator under test, running in this process (Kopf's KopfRunner, in a thread)."""
+    """The operator under test, running in this process (Kopf's KopfRunner, in a thread), watching ``namespace``.
+
+    As ``ddpjob operator -n <namespace>`` runs it: its handlers get the namespace in their memo (Kopf's own
+    ``--namespace`` scopes only Kopf's watches, and the operator's are its own), set by a startup handler that
+    runs before the operator's, in a registry of their own.
+    """
 
     def __init__(self, namespace: str) -> None:
+        import kopf
         from kopf.testing import KopfRunner
 
-        self.runner = KopfRunner(
-            ["run", "--standalone", "--namespace", namespace, "-m", "ddpjob_operator.handlers"], timeout=60
-        )
+        from ddpjob_operator import handlers
+
+        def scope(memo: kopf.Memo, **_: Any) -> None:
+            memo["namespaces"] = [namespace]
+
+        registry = kopf.OperatorRegistry()
+        for handler in (scope, handlers.startup):
+            kopf.on.startup(registry=registry)(handler)
+        kopf.on.login(registry=registry)(handlers.login)
+        kopf.on.cleanup(registry=registry)(handlers.cleanup)
+        self.runner = KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, timeout=60)
 
     def __enter__(self) -> Operator:
         self.runner.__enter__()
