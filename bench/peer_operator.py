@@ -239,6 +239,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
         log(f"  {peer.name}: up and warm in {time.monotonic() - started:.1f}s")
         pids = {c.name: c.pid for c in plane.components if c.pid is not None}
         meter = CpuMeter({**pids, "operator": op.pid})
+        reconciles = op.reconciles() if isinstance(op, Operator) else None
         before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
         since = time.time()
         profiler = Profiler(op.pid, profile, idle=False) if profile else None
@@ -252,6 +253,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
             profiler.stop()
         cpu = meter.used()
         rss = _peak_rss_mb(op.pid)
+        reconciled = op.reconciles().minus(reconciles).count if isinstance(op, Operator) and reconciles else None
         after = apiserver.request_durations(client.raw("GET", "/metrics").decode())
         op.check_alive()
     finally:
@@ -262,7 +264,8 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
     figures = summarize_jobs([watch.jobs[(ns, n)] for n in names])
     log(f"  {peer.name}: {done}/{args.jobs} jobs with all pods in {wall:.1f}s, "
         f"{figures['sustained_jobs_per_s']:.1f} jobs/s, p99 {figures['p99_s']:.2f}s, "
-        f"operator {1000 * cpu['operator'] / max(1, done):.1f} CPU-ms/job, {len(errors)} create errors")  # fmt: skip
+        f"operator {1000 * cpu['operator'] / max(1, done):.1f} CPU-ms/job, {len(errors)} create errors"
+        + ("" if reconciled is None else f", {reconciled / max(1, done):.1f} reconciles/job"))  # fmt: skip
     for name in (ns, warm):
         delete_namespace(client, name)
     return figures | {
@@ -273,6 +276,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
         "operator_cpu_ms_per_job": 1000 * cpu["operator"] / max(1, figures["done"]),
         "machine_cpu_ms_per_job": 1000 * cpu["machine (all processes)"] / max(1, figures["done"]),
         "operator_peak_rss_mb": rss,
+        "reconciles_per_job": None if reconciled is None else reconciled / max(1, figures["done"]),
         "operator_requests": {f"{v} {r}": n for (v, r), n in sorted(requests.items())},
         "all_requests": {f"{v} {r}": n for (v, r), n in sorted(everyone.items())},
     }
@@ -421,16 +425,75 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return {"name": NAME, "markdown": markdown, "targets": []}
 
 
-def profile_report(path: Path, top: int = 20) -> str:
+AREAS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "Kopf's per-event work (its watch, a worker per object, causes, the handler's call)",
+        ("kopf/_core/reactor/queueing.py", "kopf/_core/reactor/processing.py", "kopf/_cogs/clients/watching.py"),
+    ),
+    ("creating pods (POST; the create pool)", ("_create_pods.<locals>.create",)),
+    ("Events (POST; the event pool)", ("_post_events",)),
+    ("status writes (PUT)", ("_write_status",)),
+    ("the rest of each reconcile (plan, Service, PodGroup)", ("Controller.reconcile",)),
+    ("the pod watch (decode, slim, wake)", ("PodCache._run",)),
+    ("the job watch (decode, wake)", ("JobWatch._run",)),
+    ("the event loop (work queue, wake-ups)", ("BaseEventLoop.run_forever",)),
+]
+"""Where a sample's stack belongs: the first area one of whose markers a frame contains."""
+ACROSS: list[tuple[str, tuple[str, ...]]] = [
+    ("HTTP requests (client, TLS, headers), in all areas", ("Kube._call",)),
+    ("JSON decoding, in all areas", ("json/decoder.py",)),
+]
+_PLUMBING = (
+    "threading.py",
+    "runpy",
+    "asyncio/runners.py",
+    "asyncio/base_events.py",
+    "futures/thread.py",
+    "reactor/running.py",
+    "ddpjob_operator/cli.py",
+    "ddpjob_operator/__main__.py",
+    "asyncio/events.py",
+)
+
+
+def profile_areas(collapsed: str) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """From py-spy's raw (collapsed) stacks: samples, each area's share (AREAS, then "other"), and the shares of the
+    cross-cutting work (ACROSS)."""
+    areas: dict[str, int] = {}
+    across: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        area = next((name for name, marks in AREAS if any(m in stack for m in marks)), "other")
+        areas[area] = areas.get(area, 0) + n
+        for name, marks in ACROSS:
+            if any(m in stack for m in marks):
+                across[name] = across.get(name, 0) + n
+    share = 100.0 / total if total else 0.0
+    ordered = sorted(areas.items(), key=lambda kv: -kv[1])
+    return total, [(k, v * share) for k, v in ordered], [(k, across.get(k, 0) * share) for k, _ in ACROSS]
+
+
+def profile_report(path: Path, top: int = 15) -> str:
     if not path.exists():
         return "(py-spy wrote no profile)"
-    total, inclusive, own = operator_scale.profile_summary(path.read_text(), top=top)
+    text = path.read_text()
+    total, areas, across = profile_areas(text)
+    _, inclusive, own = operator_scale.profile_summary(text, top=top + 40)
+    inclusive = [(n, s) for n, s in inclusive if not any(p in n for p in _PLUMBING)][:top]
     return "\n".join([
         f"Where our operator's CPU went (py-spy at 100 Hz, samples of the thread holding the GIL, {total} samples):",
         "",
-        table(["function (inclusive)", "share"], [[n, f"{s:.1f}%"] for n, s in inclusive]),
+        table(["area", "share"], [[n, f"{s:.1f}%"] for n, s in [*areas, *across]]),
         "",
-        table(["function (self)", "share"], [[n, f"{s:.1f}%"] for n, s in own]),
+        table(["function (inclusive; threads' and the event loop's plumbing left out)", "share"],
+              [[n, f"{s:.1f}%"] for n, s in inclusive]),
+        "",
+        table(["function (self)", "share"], [[n, f"{s:.1f}%"] for n, s in own[:top]]),
     ])  # fmt: skip
 
 

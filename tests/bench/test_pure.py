@@ -172,3 +172,29 @@ def test_statement_shares_label_each_line_of_the_function_with_its_source(tmp_pa
     )
     shares = operator_scale.statement_shares(collapsed, "_reconcile", source)
     assert shares == [("controller.py:3 `create()`", 75.0), ("controller.py:2 `get()`", 25.0)]
+
+
+def test_the_peer_benchmark_counts_requests_per_job_without_watches_and_pairs_its_ratios() -> None:
+    from bench import peer_operator
+
+    counts = {"create pods": 40.0, "update ddpjobs/status": 20.0, "watch pods": 3.0, "WATCH pods": 2.0}
+    assert peer_operator.per_job(counts, 10) == {"create pods": 4.0, "update ddpjobs/status": 2.0}
+    assert peer_operator.ratio_spread([30.0, 20.0, 40.0], [20.0, 20.0, 20.0]) == (1.5, 1.0, 2.0)
+    assert math.isnan(peer_operator.ratio_spread([1.0], [0.0])[0])
+
+
+def test_the_peer_benchmarks_profile_puts_each_stack_in_its_first_area_and_counts_http_and_json_across() -> None:
+    from bench import peer_operator
+
+    raw = "\n".join([
+        "_worker (futures/thread.py:1);Controller._create_pods.<locals>.create (c.py:2);Kube._call (k.py:3) 3",
+        "_worker (futures/thread.py:1);Controller.reconcile (c.py:1);_write_status (c.py:9);Kube._call (k.py:3) 1",
+        "PodCache._run (p.py:1);loads (json/__init__.py:1);raw_decode (json/decoder.py:2) 2",
+        "select (selectors.py:1) 2",
+    ])  # fmt: skip
+    total, areas, across = peer_operator.profile_areas(raw)
+    assert total == 8
+    assert dict(areas) == {"creating pods (POST; the create pool)": 37.5, "status writes (PUT)": 12.5,
+                           "the pod watch (decode, slim, wake)": 25.0, "other": 25.0}  # fmt: skip
+    assert dict(across) == {"HTTP requests (client, TLS, headers), in all areas": 50.0,
+                            "JSON decoding, in all areas": 25.0}  # fmt: skip
