@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
@@ -69,29 +70,51 @@ def _client_from_environment(connections: int) -> Any:
     return client.ApiClient(configuration)
 
 
+AUTH_SECONDS = 10.0
+"""How long the credentials read from the client's configuration are reused. Its refresh hook (a kubeconfig read
+again, a service account's rotated token) ran on every request; tokens live for minutes to hours."""
+
+
 class Kube:
-    """``connections``: how many threads may call at once without reopening connections."""
+    """``connections``: how many threads may call at once without reopening connections.
+
+    Requests go straight to the client's connection pool for the apiserver (its TLS, retries and size as the
+    client configured them): the generated client's layers (param_serialize reading ``configuration.host``,
+    which scans the environment for proxies, a walk of every body to sanitize it, a pool looked up by key)
+    cost more CPU than the request itself, and our bodies are plain JSON already.
+    """
 
     def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4) -> None:
         self._api = api_client if api_client is not None else _client_from_environment(connections)
         self._timeout = timeout
         self._in_place: bool | None = None
-        # Read once: the generated client's param_serialize reads it (scanning the environment for proxies) and
-        # walks every body to sanitize it, on every request; ours are plain JSON already.
-        self._host = str(self._api.configuration.host)
+        self._pool = self._api.rest_client.pool_manager.connection_from_url(str(self._api.configuration.host))
+        self._auth: dict[str, str] = {}
+        self._auth_until = 0.0
 
     def close(self) -> None:
         self._api.close()
 
+    def _credentials(self) -> dict[str, str]:
+        now = time.monotonic()
+        if now >= self._auth_until:
+            auth: dict[str, str] = {}
+            self._api.update_params_for_auth(auth, [], ["BearerToken"], "", "", None)
+            self._auth, self._auth_until = auth, now + AUTH_SECONDS
+        return self._auth
+
     def _call(self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str,
               timeout: float | tuple[float, float]) -> Any:  # fmt: skip
-        headers = {**self._api.default_headers, "Accept": "application/json", "Content-Type": content_type}
-        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)  # a rotated token too
-        url = self._host + path
+        headers = {**self._api.default_headers, **self._credentials(), "Accept": "application/json",
+                   "Content-Type": content_type}  # fmt: skip
+        url = path
         if query:
-            url += "?" + "&".join(f"{k}={quote(str(v))}" for k, v in query)  # as param_serialize encodes them
+            url += "?" + "&".join(f"{k}={quote(str(v))}" for k, v in query)  # as the generated client encodes them
+        limit = (urllib3.Timeout(total=timeout) if isinstance(timeout, int | float)
+                 else urllib3.Timeout(connect=timeout[0], read=timeout[1]))  # fmt: skip
         try:
-            return self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
+            return self._pool.urlopen(method, url, body=None if body is None else json.dumps(body), headers=headers,
+                                      timeout=limit, preload_content=False)  # fmt: skip
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
             raise Unreachable(0, f"{method} {path}: the apiserver did not answer ({reason})") from None
@@ -107,7 +130,7 @@ class Kube:
     ) -> Any:
         response = self._call(method, path, body, query, content_type, self._timeout)
         metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
-        raw = response.read()
+        raw = response.data
         if 200 <= response.status < 300:
             return json.loads(raw) if raw else None
         # An API group the apiserver does not serve answers 404 in plain text ("404 page not found").
@@ -172,9 +195,9 @@ class Kube:
                  ("timeoutSeconds", str(seconds))]  # fmt: skip
         response = self._call("GET", path, None, query, "application/json", (10.0, seconds + 30.0))
         if not 200 <= response.status < 300:
-            raw = response.read()
+            raw = response.data
             _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
-        stream = response.response
+        stream = response
         try:
             buffer = b""
             for chunk in stream.stream(65536, decode_content=True):
