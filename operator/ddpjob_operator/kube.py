@@ -9,6 +9,7 @@ a stale write fails instead of overwriting a newer one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -20,6 +21,8 @@ import urllib3
 from ddpjob_contract import kueue
 from ddpjob_contract.pods import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, POD_GROUP_API
 from ddpjob_operator import api, metrics
+
+log = logging.getLogger("ddpjob_operator")
 
 
 class KubeError(Exception):
@@ -73,6 +76,26 @@ def _client_from_environment(connections: int) -> Any:
 AUTH_SECONDS = 10.0
 """How long the credentials read from the client's configuration are reused. Its refresh hook (a kubeconfig read
 again, a service account's rotated token) ran on every request; tokens live for minutes to hours."""
+
+
+_IN_PLACE_PROBE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "ddpjob-in-place-probe"},
+    "spec": {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "probe", "image": "registry.invalid/probe", "restartPolicy": "Never",
+            "restartPolicyRules": [
+                {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [200]}},
+            ],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}, "limits": {"cpu": "1m", "memory": "1Mi"}},
+        }],
+    },
+}  # fmt: skip
+"""A dry-run pod (never created) that only a cluster without in-place restarts changes: ``restarts_in_place``."""
 
 
 class Kube:
@@ -234,28 +257,29 @@ class Kube:
     def restarts_in_place(self, namespace: str) -> bool:
         """Whether the cluster keeps a container's restart rule with the RestartAllContainers action (the
         ContainerRestartRules and RestartAllContainersOnContainerExits gates, beta and on from Kubernetes 1.36):
-        a server-side dry run of a pod that has one, in ``namespace``. It is dropped where the first gate is off
-        and refused (422) where only the second is. Asked once per process once it has answered."""
+        a server-side dry run, in ``namespace``, of a pod that has one. The rule is dropped where the first gate is
+        off, and refused (422) where only the second is. The pod meets Pod Security ``restricted`` and asks for
+        little, so admission has no reason to refuse it; a namespace whose admission refuses it anyway (403: a
+        quota, a policy) gets no in-place restarts, which the log says once. Asked once per process once it has
+        answered; no answer (the apiserver restarting) is asked again."""
         if self._in_place is not None:
             return self._in_place
-        probe = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ddpjob-in-place-probe"},
-            "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "probe", "image": "registry.invalid/probe", "restartPolicy": "Never",
-                "restartPolicyRules": [{"action": "RestartAllContainers",
-                                        "exitCodes": {"operator": "In", "values": [200]}}],
-            }]},
-        }  # fmt: skip
         path = f"/api/v1/namespaces/{quote(namespace)}/pods"
         try:
-            made = self._request("POST", path, body=probe, query=[("dryRun", "All")])
+            made = self._request("POST", path, body=_IN_PLACE_PROBE, query=[("dryRun", "All")])
+        except NamespaceTerminating:
+            raise
         except KubeError as err:
-            if err.status != 422:
-                raise  # no answer about the feature (the namespace going, the apiserver restarting): ask again
+            if err.status not in (403, 422):
+                raise
+            log.info("in-place restarts: off (a dry-run pod with a RestartAllContainers rule was refused in %s: %s)",
+                     namespace, err.message)  # fmt: skip
             self._in_place = False
             return False
         rules = (((made or {}).get("spec") or {}).get("containers") or [{}])[0].get("restartPolicyRules") or []
         self._in_place = any(r.get("action") == "RestartAllContainers" for r in rules)
+        log.info("in-place restarts: %s", "on (the cluster keeps RestartAllContainers rules)" if self._in_place
+                 else "off (the cluster drops RestartAllContainers rules)")  # fmt: skip
         return self._in_place
 
     # Kueue's Workloads

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -73,6 +74,18 @@ def summary_samples_per_second(log: str) -> float:
     row = log.splitlines()[log.splitlines().index(header) + 2]
     columns = [c.strip() for c in header.split("|")]
     return float(row.split("|")[columns.index("img/s")])
+
+
+def rank_metric(ip: str, name: str, port: int = 9090) -> float:
+    """An unlabelled sample (``ddp_step``, ``ddp_steps_total``...) from a rank's own metrics endpoint; 0 while it
+    does not answer or does not export it."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"

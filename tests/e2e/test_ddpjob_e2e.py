@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from ddpjob_box.prometheus import Prometheus
 from tests.conftest import Cluster
 from tests.e2e.conftest import REPO, Kubectl, OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import Jobs, summary_samples_per_second, table, wait_for
+from tests.e2e.kube import Jobs, rank_metric, summary_samples_per_second, table, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -29,13 +28,7 @@ ETA = re.compile(r"\d+[smhd](\d+[smh])?")
 
 def _steps_done(pod: Any) -> float:
     """ddp_steps_total read straight from the rank's metrics endpoint."""
-    try:
-        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9090/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    match = re.search(r"^ddp_steps_total (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    return rank_metric(pod.status.pod_ip, "ddp_steps_total")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import urllib.request
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from kubernetes import client
 from ddpjob_box.kubenode.node import KubeletNode
 from tests.e2e.conftest import OperatorProcess
 from tests.e2e.jobs import cpu_job
-from tests.e2e.kube import GROUP, PLURAL, VERSION, Jobs, wait_for
+from tests.e2e.kube import GROUP, PLURAL, VERSION, Jobs, rank_metric, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -24,26 +23,13 @@ def jobs(api_client: Any, namespace: str, operator: OperatorProcess) -> Jobs:
     return Jobs(api_client, namespace)
 
 
-def _step(ip: str) -> int:
-    """ddp_step from the rank's own metrics endpoint (0 while it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0
-    match = re.search(r"^ddp_step (\S+)$", text, re.MULTILINE)
-    return int(float(match.group(1))) if match else 0
-
-
-def _gauge(ip: str, name: str) -> float | None:
-    """A gauge from the rank's own metrics endpoint (None while it does not answer, or is 0)."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) or None if match else None
+def _claim(jobs: Jobs, name: str) -> None:
+    """A checkpoint volume both ranks share."""
+    jobs.core.create_namespaced_persistent_volume_claim(
+        jobs.ns,
+        {"metadata": {"name": name},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+    )  # fmt: skip
 
 
 def _resumed_line(jobs: Jobs, pod: str) -> str | None:
@@ -60,11 +46,7 @@ def _suspend(jobs: Jobs, name: str, suspend: bool) -> None:
 def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: Jobs, node: KubeletNode) -> None:
     # --checkpoint-interval 0 saves only at the end of the run, which this one never reaches: any checkpoint
     # on the volume is the stop's own.
-    jobs.core.create_namespaced_persistent_volume_claim(
-        jobs.ns,
-        {"metadata": {"name": "ckpt"},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
-    )  # fmt: skip
+    _claim(jobs, "ckpt")
     args = ["--steps", "100000", "--checkpoint-interval", "0", "--slow-rank", "0", "--slow-seconds", "0.05"]
     jobs.create(cpu_job("stop", args=args, checkpoint={"claimName": "ckpt"}))
     jobs.wait_running("stop", 180)
@@ -72,7 +54,12 @@ def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: 
     trainer = rank0.spec.containers[0]
     assert rank0.spec.termination_grace_period_seconds == 30, "no save measured yet: Kubernetes's default"
     assert {e.name: e.value for e in trainer.env}["TERMINATION_GRACE_SECONDS"] == "30"
-    reached = wait_for("rank 0 past step 10", lambda: (s := _step(rank0.status.pod_ip)) >= 10 and s, 300, interval=1)
+    reached = wait_for(
+        "rank 0 past step 10",
+        lambda: (s := int(rank_metric(rank0.status.pod_ip, "ddp_step"))) >= 10 and s,
+        300,
+        interval=1,
+    )
 
     _suspend(jobs, "stop", True)
     jobs.wait_phase("stop", "Suspended", 120)
@@ -103,18 +90,16 @@ def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: 
 def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_one_restart(
     jobs: Jobs, node: KubeletNode
 ) -> None:
-    jobs.core.create_namespaced_persistent_volume_claim(
-        jobs.ns,
-        {"metadata": {"name": "ckpt"},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
-    )  # fmt: skip
+    _claim(jobs, "ckpt")
     args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
     jobs.create(cpu_job("inplace", args=args, checkpoint={"claimName": "ckpt"}))
     jobs.wait_running("inplace", 180)
     before = {r: jobs.pod(f"inplace-{r}") for r in range(2)}
     rules = before[0].spec.containers[0].restart_policy_rules
     assert rules and rules[0].action == "RestartAllContainers", "1.37 keeps the rule: in place is on"
-    wait_for("rank 1 past a checkpoint", lambda: _step(before[1].status.pod_ip) >= 25, 300, interval=1)
+    wait_for(
+        "rank 1 past a checkpoint", lambda: rank_metric(before[1].status.pod_ip, "ddp_step") >= 25, 300, interval=1
+    )
     os.kill(jobs.pid(node, "inplace-1"), signal.SIGKILL)
 
     def next_attempt_running() -> dict[str, Any] | None:
@@ -132,7 +117,7 @@ def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_
     # The new process of rank 0 loaded a checkpoint: it says so on its metrics (and in its log).
     resumed_from = wait_for(
         "rank 0's new process to report its checkpoint",
-        lambda: _gauge(after[0].status.pod_ip, "ddp_last_checkpoint_step"),
+        lambda: rank_metric(after[0].status.pod_ip, "ddp_last_checkpoint_step"),
         60,
         interval=1,
     )
