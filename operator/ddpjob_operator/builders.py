@@ -191,7 +191,7 @@ RESTART_ALL_CONTAINERS = "RestartAllContainers"
 def restart_rules(policy: api.RunPolicy) -> list[dict[str, Any]]:
     """The trainer's restart rules for an in-place gang restart: an exit the restart policy retries restarts every
     container of its pod, init containers included, in the same pod (Kubernetes 1.36+); any other exit ends the
-    pod as before. None under ``Never``."""
+    pod as before. None (an empty list) under ``Never``."""
     if policy.restart_policy is api.RestartPolicy.NEVER:
         return []
     if policy.restart_policy is api.RestartPolicy.ON_FAILURE:

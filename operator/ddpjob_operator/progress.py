@@ -423,6 +423,8 @@ class _RankWindow:
     """One rank's answers within the window, reduced to what the job's figures add up."""
 
     progress: RankProgress
+    last: RankSample
+    """Its newest answer."""
     reached: float
     target: float | None
     rate: float | None
@@ -453,6 +455,7 @@ def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], err
             work_seconds=_round(window.work_sum / window.step_count) if timed else None,
             error=error,
         ),
+        last=last,
         reached=last.reached,
         target=last.target,
         rate=window.samples / span if len(answers) > 1 and span > 0 else None,
@@ -496,7 +499,7 @@ def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS)
         window_seconds=round((latest.at - recent[0].at).total_seconds(), 1),
         ranks=tuple(ranks),
         recent_work={w.progress.rank: w.recent_work for w in windows if w.recent_work is not None},
-        latest=tuple(_answers(recent, t.rank)[-1][1] for t in latest.targets if _answers(recent, t.rank)),
+        latest=tuple(w.last for w in windows),
     )
 
 
