@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ddpjob_contract.pods import LABEL_JOB_NAME
-from ddpjob_operator import namespaces
 from ddpjob_operator.api import Key
-from ddpjob_operator.kube import Expired
+from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch
 
 log = logging.getLogger("ddpjob_operator")
 
 Pod = dict[str, Any]
 
-WATCH_SECONDS = 300
-"""The apiserver ends each watch after this long; it is resumed from the last version seen."""
-RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+def _namespace(pod: Pod) -> str:
+    return str((pod.get("metadata") or {}).get("namespace", ""))
 
 
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
@@ -146,7 +144,7 @@ class PodSource(Protocol):
     ) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
 
-class PodCache:
+class PodCache(ListWatch):
     """Keeps a ``PodIndex`` current from the apiserver, on one thread per watched namespace.
 
     ``served``: the operator's namespaces (empty: all; patterns, see ``namespaces``, are matched
@@ -154,26 +152,12 @@ class PodCache:
     """
 
     def __init__(self, kube: PodSource, served: Sequence[str], changed: Callable[[Key], None]) -> None:
+        super().__init__(served, "pod")
         self.index = PodIndex()
         self._kube = kube
         self._changed = changed
-        patterns = namespaces.any_pattern(served)
-        self._patterns = list(served) if patterns else []
-        scopes = [""] if not served or patterns else list(dict.fromkeys(served))
-        self._unsynced = set(scopes)
+        self._unsynced = set(self._scopes)
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(ns,), name=f"pods-{ns or 'all'}", daemon=True) for ns in scopes
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        """The threads end at their watch's next event or timeout; as daemons they never hold up exit."""
-        self._stopped.set()
 
     @property
     def synced(self) -> bool:
@@ -188,49 +172,19 @@ class PodCache:
         """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
         self.index.created(pod)
 
-    def _wanted(self, pod: Pod) -> bool:
-        return namespaces.served(str((pod.get("metadata") or {}).get("namespace", "")), self._patterns)
-
-    def _run(self, namespace: str) -> None:
-        failures = 0
-        while not self._stopped.is_set():
-            try:
-                version = self._list(namespace)
-                failures = 0
-                while not self._stopped.is_set():
-                    version = self._watch(namespace, version)
-            except Expired:
-                log.info("pod watch of %s expired; listing again", namespace or "all namespaces")
-            except Exception as err:  # the apiserver restarting, a network blip: list again, with backoff
-                if self._stopped.is_set():
-                    return
-                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
-                failures += 1
-                log.warning("pod watch of %s failed (%s); listing again in %.1fs", namespace or "all namespaces",
-                            err, delay)  # fmt: skip
-                self._stopped.wait(delay)
-
     def _list(self, namespace: str) -> str:
         items, version = self._kube.list_managed_pods(namespace)
-        touched = self.index.replace(namespace, [p for p in items if self._wanted(p)])
+        touched = self.index.replace(namespace, [p for p in items if self._served(_namespace(p))])
         with self._lock:
             self._unsynced.discard(namespace)
         for key in touched:
             self._changed(key)
         return version
 
-    def _watch(self, namespace: str, version: str) -> str:
-        """Follow one watch until the apiserver ends it; returns the version to resume from."""
-        started = time.monotonic()
-        for kind, pod in self._kube.watch_managed_pods(namespace, version, WATCH_SECONDS):
-            version = str(pod.get("metadata", {}).get("resourceVersion") or version)
-            if kind == "BOOKMARK" or not self._wanted(pod):
-                continue
-            key = self.index.apply(kind, pod)
-            if key is not None:
-                self._changed(key)
-            if self._stopped.is_set():
-                break
-        if time.monotonic() - started < 1.0:
-            self._stopped.wait(1.0)  # a watch that ends at once, over and over, must not spin
-        return version
+    def _watch_events(self, namespace: str, version: str) -> Iterator[tuple[str, Pod]]:
+        return self._kube.watch_managed_pods(namespace, version, WATCH_SECONDS)
+
+    def _event(self, namespace: str, kind: str, pod: Pod) -> None:
+        key = self.index.apply(kind, pod)
+        if key is not None:
+            self._changed(key)
