@@ -175,13 +175,14 @@ GRACE_MARGIN_SECONDS = 10
 def termination_grace(job: Job, save_seconds: float | None, step_seconds: float | None) -> int:
     """The rank pods' terminationGracePeriodSeconds: the template's when it sets one (the user's word); else
     Kubernetes's 30 s, or, when it is longer, room for what a stop does before it exits: finish the step under
-    way, save one checkpoint (twice the last measured save, as a disk may be slower now) and the margin."""
+    way and the next (the ranks' vote on the stop is read a step after it starts), save one checkpoint (twice the
+    last measured save, as a disk may be slower now) and the margin."""
     own = job.spec.template.get("spec", {}).get("terminationGracePeriodSeconds")
     if isinstance(own, int) and not isinstance(own, bool):
         return own
     if not save_seconds:
         return DEFAULT_TERMINATION_GRACE_SECONDS
-    need = math.ceil((step_seconds or 0.0) + 2 * save_seconds) + GRACE_MARGIN_SECONDS
+    need = math.ceil(2 * (step_seconds or 0.0) + 2 * save_seconds) + GRACE_MARGIN_SECONDS
     return max(DEFAULT_TERMINATION_GRACE_SECONDS, need)
 
 

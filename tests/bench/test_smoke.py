@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import checkpoint_kills, ddp_cpu, instrumentation, operator_scale, trainer_vs_plain
+from bench import checkpoint_kills, ddp_cpu, instrumentation, operator_scale, stop_vote, trainer_vs_plain
 
 TINY = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "4", "--warmup", "1", "--measure", "1",
         "--repeats", "1"]  # fmt: skip
@@ -33,6 +33,13 @@ def test_instrumentation_runs_the_three_variants_and_scrapes_the_metrics_server(
     instrumentation.main([*TINY, "--scrape-seconds", "0.2", "--out", str(tmp_path)])
     data = written(tmp_path, "instrumentation")
     assert set(data["runs"]) == {"on", "server off", "off"}  # type: ignore[call-overload]
+
+
+def test_stop_vote_runs_two_ranks_with_and_without_the_vote(tmp_path: Path):
+    result = stop_vote.main([*TINY, "--out", str(tmp_path)])
+    data = written(tmp_path, "stop_vote")
+    assert set(data["runs"]) == {"vote", "no vote"}  # type: ignore[call-overload]
+    assert [t[0] for t in result["targets"]] == ["save-on-stop's vote (wall clock)", "save-on-stop's vote (CPU time)"]
 
 
 def test_ddp_cpu_runs_both_programs_under_torchrun_with_two_gloo_ranks(tmp_path: Path):

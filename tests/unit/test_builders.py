@@ -69,7 +69,7 @@ def test_the_grace_period_is_kubernetes_default_until_a_save_is_measured_then_fi
     j = job()
     assert builders.termination_grace(j, None, None) == 30
     assert builders.termination_grace(j, 2.0, 0.5) == 30, "a short save fits the default"
-    assert builders.termination_grace(j, 40.0, 3.2) == 94, "ceil(3.2 + 2 x 40) + 10"
+    assert builders.termination_grace(j, 40.0, 3.2) == 97, "ceil(2 x 3.2 + 2 x 40) + 10: the vote is read a step late"
     pod = builders.pod(j, 0, 0, gang=False, grace=94)
     assert pod["spec"]["terminationGracePeriodSeconds"] == 94
     assert env_of(pod)["TERMINATION_GRACE_SECONDS"] == "94", "the trainer's deadline is the pod's"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,30 @@ _RETRYABLE_MESSAGES = (
 )
 
 
+class Pending(Protocol):
+    """A collective's answer, read once it is needed."""
+
+    def result(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class _Ready:
+    values: list[int]
+
+    def result(self) -> list[int]:
+        return self.values
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    work: Any
+    tensor: torch.Tensor
+
+    def result(self) -> list[int]:
+        self.work.wait()
+        return [int(v) for v in self.tensor.tolist()]
+
+
 @dataclass
 class Dist:
     launch: Launch
@@ -51,7 +75,7 @@ class Dist:
     backend: str
     """nccl, gloo, or none when running alone."""
     host_group: Any = None
-    """A gloo group for small votes on the CPU (``any``): the default group where that is gloo already; with
+    """A gloo group for small votes on the CPU (``max_async``): the default group where that is gloo already; with
     NCCL, a gloo group of its own, so a vote never waits on the GPU's stream."""
 
     @property
@@ -80,14 +104,14 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
-    def any(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank: a collective, so every rank learns it at the same step. One
-        integer through gloo, on the CPU: no host-device sync."""
+    def max_async(self, values: list[int]) -> Pending:
+        """The element-wise maximum of ``values`` over every rank, started now and read later: one small all-reduce
+        through gloo on the CPU (no host-device sync), which runs while this rank goes on with its next step."""
         if self.backend == "none" or self.world_size == 1:
-            return flag
-        vote = torch.tensor([int(flag)], dtype=torch.int32)
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.host_group)
-        return bool(vote.item())
+            return _Ready(list(values))
+        tensor = torch.tensor(values, dtype=torch.int64)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.host_group, async_op=True)
+        return _InFlight(work, tensor)
 
     def finish(self) -> None:
         """Leave the group together: nobody tears gloo or NCCL down while a peer is still in a collective.

@@ -28,6 +28,7 @@ from ddp_trainer.errors import ConfigError, DataError, Stopped
 from ddp_trainer.launch import Launch
 from ddp_trainer.metrics import Metrics, StepTiming
 from ddp_trainer.report import summary_lines
+from ddp_trainer.stop_vote import StopVote
 
 log = logging.getLogger("ddp_trainer")
 
@@ -238,6 +239,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
             )  # fmt: skip
 
     first = pos.step + 1
+    vote = StopVote(d)
 
     while pos.step < parts.total:
         batches = parts.data.epoch(pos.epoch, pos.batch_in_epoch)
@@ -255,7 +257,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
                     first, parts.compilation.seconds, ", which failed" if parts.compilation.failed else "",
                 )  # fmt: skip
             record(timer.poll())
-            stop = save_on_stop and d.any(signals.requested())
+            stop = save_on_stop and vote.after_step(pos.step, signals.requested())
             _maybe_checkpoint(cfg, d, parts, pos, metrics, now=stop)
             if stop:
                 record(timer.flush())
@@ -263,6 +265,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
             _maybe_crash(cfg, d, pos.step)
         del batches  # shuts down this epoch's workers before the next epoch starts its own
 
+    vote.close()
     record(timer.flush())
     if d.is_main:
         for line in summary_lines(cfg, d.world_size, d.backend, str(d.device), timings):
