@@ -150,12 +150,14 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+        read: bool = True,
     ) -> Any:
+        """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU)."""
         response = self._call(method, path, body, query, content_type, self._timeout)
         metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
         raw = response.data
         if 200 <= response.status < 300:
-            return json.loads(raw) if raw else None
+            return json.loads(raw) if raw and read else None
         # An API group the apiserver does not serve answers 404 in plain text ("404 page not found").
         _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
 
@@ -237,17 +239,30 @@ class Kube:
         finally:
             stream.release_conn()
 
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create if absent: the created object, or None when one of that name already existed."""
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create if absent: True when created, False when one of that name already existed.
+
+        The answer (the object as created, managedFields and all) is not decoded: nobody reads it. A pod's is, for
+        the pod cache: ``create_pod``.
+        """
+        return self._create(obj, read=False) is not None
+
+    def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create if absent: the pod as created, or None when one of that name already existed."""
+        created = self._create(pod, read=True)
+        return None if created is None else dict(created)
+
+    def _create(self, obj: Mapping[str, Any], *, read: bool) -> Any:
+        """The answer (``{}`` when not ``read``), or None on a 409."""
         plural = {"Pod": "pods", "Service": "services", "Event": "events", "PodGroup": "podgroups",
                   "Workload": "workloads"}[obj["kind"]]  # fmt: skip
         group = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
         try:
             created = self._request("POST", f"{group}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
-                                    body=obj)  # fmt: skip
+                                    body=obj, read=read)  # fmt: skip
         except Conflict:
             return None
-        return dict(created)
+        return {} if created is None else created  # a 2xx: created (its answer unread, or empty)
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of a pod; the pod as patched."""

@@ -92,3 +92,27 @@ def test_no_answer_from_the_apiserver_is_unreachable() -> None:
     pool.fail = True
     with pytest.raises(Unreachable, match="the apiserver did not answer"):
         Kube(Client(pool)).get("/api/v1/namespaces/ns")
+
+
+class Existing(Pool):
+    """Answers a create with 409 once ``taken``."""
+
+    taken = False
+
+    def urlopen(self, method: str, url: str, **kw: Any) -> Answer:
+        answer = super().urlopen(method, url, **kw)
+        if self.taken:
+            return Answer(409, b'{"kind": "Status", "message": "already exists"}')
+        return answer
+
+
+def test_a_create_says_only_whether_it_created_and_a_pods_create_answers_the_pod() -> None:
+    pool = Existing()
+    api = Kube(Client(pool))
+    pod = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "train-0", "namespace": "ns"}}
+    service = {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "train", "namespace": "ns"}}
+    assert api.create(service) is True
+    assert api.create_pod(pod) == {"kind": "Pod"}, "the pod cache takes the pod as created"
+    pool.taken = True
+    assert api.create(service) is False and api.create_pod(pod) is None, "409: it existed already"
+    assert [s["url"] for s in pool.sent] == ["/api/v1/namespaces/ns/services", "/api/v1/namespaces/ns/pods"] * 2
