@@ -1,14 +1,15 @@
 """The only module that talks to the API server.
 
 Plain JSON in and out (no client models: templates pass through untouched, whatever fields they
-use). Creates are create-if-absent (409 counts as done), deletes are idempotent (404 counts as
-done) and guarded by the pod's uid, and the status is replaced with the resourceVersion read, so
-a stale write fails instead of overwriting a newer one.
+use), encoded and decoded by orjson: with the standard library's json, decoding the answers and the
+watches' events was 10-18% of the operator's CPU (``bench.peer_operator --profile``). Creates are
+create-if-absent (409 counts as done), deletes are idempotent (404 counts as done) and guarded by the
+pod's uid, and the status is replaced with the resourceVersion read, so a stale write fails instead
+of overwriting a newer one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+import orjson
 import urllib3
 
 from ddpjob_contract import kueue
@@ -136,7 +138,7 @@ class Kube:
         limit = (urllib3.Timeout(total=timeout) if isinstance(timeout, int | float)
                  else urllib3.Timeout(connect=timeout[0], read=timeout[1]))  # fmt: skip
         try:
-            return self._pool.urlopen(method, url, body=None if body is None else json.dumps(body), headers=headers,
+            return self._pool.urlopen(method, url, body=None if body is None else orjson.dumps(body), headers=headers,
                                       timeout=limit, preload_content=False)  # fmt: skip
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
@@ -157,9 +159,9 @@ class Kube:
         metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
         raw = response.data
         if 200 <= response.status < 300:
-            return json.loads(raw) if raw and read else None
+            return orjson.loads(raw) if raw and read else None
         # An API group the apiserver does not serve answers 404 in plain text ("404 page not found").
-        _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
+        _raise(response.status, orjson.loads(raw) if raw.startswith(b"{") else None, raw)
 
     # DDPJobs
 
@@ -221,7 +223,7 @@ class Kube:
         response = self._call("GET", path, None, query, "application/json", (10.0, seconds + 30.0))
         if not 200 <= response.status < 300:
             raw = response.data
-            _raise(response.status, json.loads(raw) if raw.startswith(b"{") else None, raw)
+            _raise(response.status, orjson.loads(raw) if raw.startswith(b"{") else None, raw)
         stream = response
         try:
             buffer = b""
@@ -231,7 +233,7 @@ class Kube:
                 for line in lines:
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event = orjson.loads(line)
                     obj = event.get("object") or {}
                     if event.get("type") == "ERROR":
                         _raise(int(obj.get("code") or 500), obj, line)
