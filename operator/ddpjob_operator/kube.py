@@ -156,7 +156,7 @@ class Kube:
     ) -> Any:
         """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU)."""
         response = self._call(method, path, body, query, content_type, self._timeout)
-        metrics.API_REQUESTS.labels(verb=method, resource=_resource(path), code=str(response.status)).inc()
+        metrics.api_request(method, _resource(path), response.status).inc()
         raw = response.data
         if 200 <= response.status < 300:
             return orjson.loads(raw) if raw and read else None

@@ -12,7 +12,7 @@ import pytest
 import urllib3
 
 from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
-from ddpjob_operator import kube
+from ddpjob_operator import kube, metrics
 from ddpjob_operator.kube import Kube, Unreachable
 
 
@@ -116,3 +116,14 @@ def test_a_create_says_only_whether_it_created_and_a_pods_create_answers_the_pod
     pool.taken = True
     assert api.create(service) is False and api.create_pod(pod) is None, "409: it existed already"
     assert [s["url"] for s in pool.sent] == ["/api/v1/namespaces/ns/services", "/api/v1/namespaces/ns/pods"] * 2
+
+
+def test_each_request_is_counted_by_verb_resource_and_code() -> None:
+    pool = Existing()
+    api = Kube(Client(pool))
+    counted = metrics.api_request("POST", "services", 409)
+    before = counted._value.get()
+    pool.taken = True
+    api.create({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "train", "namespace": "ns"}})
+    assert counted._value.get() == before + 1
+    assert metrics.api_request("POST", "services", 409) is counted, "the labelled child is looked up once"
