@@ -268,7 +268,7 @@ class Profiler:
         CPU time goes. (Without ``--idle`` alone, py-spy still counts threads blocked in an SSL read or a select.)"""
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(exe).exists():
-            raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+            raise SystemExit("--profile needs py-spy (in the dev extra): .venv/bin/pip install -e '.[dev]'")
         self.out = out
         which = ["--idle"] if idle else ["--gil"]
         argv = [exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", *which, "--format", "raw",

@@ -2,7 +2,7 @@
 
     python -m bench.peer_operator                                  # 500 jobs x 4 pods, 3 alternating pairs, + Disabled
     python -m bench.peer_operator --jobs 50 --pairs 1 --disabled-runs 0   # a short run
-    python -m bench.peer_operator --profile                        # + one DDPJob run under py-spy (pip install py-spy)
+    python -m bench.peer_operator --profile                        # + one DDPJob run under py-spy (the dev extra)
 
 The box's control plane without a node (``ddpjob cluster up --no-node``; pods stay Pending), its apiserver
 auditing every request of the clients outside the control plane. training-operator v1.9.3 (tools/training-operator,
@@ -434,13 +434,14 @@ AREAS: list[tuple[str, tuple[str, ...]]] = [
     ("Events (POST; the event pool)", ("_post_events",)),
     ("status writes (PUT)", ("_write_status",)),
     ("the rest of each reconcile (plan, Service, PodGroup)", ("Controller.reconcile",)),
-    ("the pod watch (decode, slim, wake)", ("PodCache._run",)),
-    ("the job watch (decode, wake)", ("JobWatch._run",)),
+    # one loop for both since listwatch.ListWatch (its frames do not say which); before it, PodCache's and JobWatch's
+    ("the watches, pods and DDPJobs (read, decode, slim, wake)", ("ListWatch._run", "PodCache._run", "JobWatch._run")),
     ("the event loop (work queue, wake-ups)", ("BaseEventLoop.run_forever",)),
 ]
 """Where a sample's stack belongs: the first area one of whose markers a frame contains."""
 ACROSS: list[tuple[str, tuple[str, ...]]] = [
     ("HTTP requests (client, TLS, headers), in all areas", ("Kube._call",)),
+    # json's decoder only: orjson's is native code, which py-spy counts in the line that calls it
     ("JSON decoding, in all areas", ("json/decoder.py",)),
 ]
 _PLUMBING = (

@@ -55,7 +55,9 @@ class Api(Protocol):
 
     def replace_job_status(self, job: Mapping[str, Any]) -> dict[str, Any]: ...
 
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None: ...
+    def create(self, obj: Mapping[str, Any]) -> bool: ...
+
+    def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
 
@@ -410,7 +412,7 @@ class Controller:
 
         def create(rank: int) -> None:
             built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place)
-            created = self._api.create(placement.apply(built))
+            created = self._api.create_pod(placement.apply(built))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

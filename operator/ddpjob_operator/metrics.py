@@ -6,6 +6,8 @@ operator restarts, as for any counter.
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Histogram, start_http_server
 
 JOBS_CREATED = Counter("ddpjob_operator_jobs_created_total", "DDPJobs seen for the first time and set up.")
@@ -23,6 +25,13 @@ API_REQUESTS = Counter(
     "Requests to the apiserver (watches aside), by verb, resource and HTTP status code.",
     ["verb", "resource", "code"],
 )
+
+
+@functools.cache
+def api_request(verb: str, resource: str, code: int) -> Counter:
+    """``API_REQUESTS``' child for these labels, looked up once: ``labels()`` checks and locks on every call, which
+    cost more than the count."""
+    return API_REQUESTS.labels(verb=verb, resource=resource, code=str(code))
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

@@ -73,7 +73,15 @@ class Poller:
         return self._scrapes.get(key, ())
 
     def track(self, key: Key, attempt: int, targets: tuple[Target, ...], interval: float) -> None:
-        """Poll these targets from now on (none: stop polling the job)."""
+        """Poll these targets from now on (none: stop polling the job).
+
+        No targets for a job not polled is nothing to do, and asks nothing of the event loop (a wake-up each): every
+        reconcile says what to poll, and a job's first ones, before any rank runs, say none. Read from this thread,
+        the dicts are current for the job: its reconciles run one at a time, and the loop takes the last one's
+        ``track`` (queued first) before it hears that the reconcile ended and can start the next.
+        """
+        if not targets and key not in self._jobs and key not in self._scrapes:
+            return
         self._loop.call_soon_threadsafe(self.track_now, key, attempt, targets, interval)
 
     # In the event loop

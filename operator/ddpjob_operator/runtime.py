@@ -9,6 +9,7 @@ worker: the watch threads start in ``start``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from ddpjob_contract import kueue
 from ddpjob_operator import api, metrics, namespaces
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
+from ddpjob_operator.inbox import Inbox
 from ddpjob_operator.jobwatch import JobWatch
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.podcache import PodCache
@@ -73,6 +75,7 @@ class Runtime:
         events = ThreadPoolExecutor(max(2, workers // 4), thread_name_prefix="event")
         self._pools = (self._reconciles, creates, events)
         self.queue = WorkQueue(self._reconcile)
+        self._inbox = Inbox(self._loop)
         self.served: set[Key] = set()
         """Jobs the job watch delivered, so in a namespace we serve: only they are woken by their pods."""
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
@@ -145,11 +148,11 @@ class Runtime:
 
     def _job_changed(self, key: Key, kind: str | None, body: dict[str, Any] | None) -> None:
         """From the job watch's threads: hand the event to the event loop."""
-        self._loop.call_soon_threadsafe(self.job_event, key, kind, body)
+        self._inbox.post(functools.partial(self.job_event, key, kind, body))
 
     def _pods_changed(self, key: Key) -> None:
         """From the cache's watch threads: wake the job's worker, on the event loop."""
-        self._loop.call_soon_threadsafe(self._wake, key)
+        self._inbox.post(functools.partial(self._wake, key))
 
     def _wake(self, key: Key) -> None:
         if key in self.served:

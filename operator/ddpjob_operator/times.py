@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,5 +25,7 @@ def seconds_left(since: datetime | None, limit_seconds: int | None, now: datetim
     return limit_seconds - (now - since).total_seconds()
 
 
+@functools.lru_cache(maxsize=4096)
 def from_time(value: datetime | None) -> str | None:
+    """Cached: each reconcile writes every condition's times again (strftime is slow), and they rarely change."""
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None

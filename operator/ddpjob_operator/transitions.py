@@ -215,6 +215,8 @@ def _within_attempt(status: JobStatus, transition: Transition, now: datetime) ->
         case Launch(replicas=replicas):
             phase = Phase.PENDING if status.phase is Phase.RESTARTING else status.phase
             status = replace(status, launched_attempt=status.attempt, phase=phase)
+            if status.attempt == 0:  # its pods follow the Created (or Admitted) Event at once: no Event of its own
+                return status, ()
             return status, (Event(Reason.LAUNCHED, f"all {replicas} pods of attempt {status.attempt} exist"),)
         case Rendezvous(joined=joined, world_size=world_size):
             message = f"{joined} of {world_size} ranks joined the process group"

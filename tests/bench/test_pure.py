@@ -189,12 +189,12 @@ def test_the_peer_benchmarks_profile_puts_each_stack_in_its_first_area_and_count
     raw = "\n".join([
         "_worker (futures/thread.py:1);Controller._create_pods.<locals>.create (c.py:2);Kube._call (k.py:3) 3",
         "_worker (futures/thread.py:1);Controller.reconcile (c.py:1);_write_status (c.py:9);Kube._call (k.py:3) 1",
-        "PodCache._run (p.py:1);loads (json/__init__.py:1);raw_decode (json/decoder.py:2) 2",
+        "ListWatch._run (l.py:1);loads (json/__init__.py:1);raw_decode (json/decoder.py:2) 2",
         "select (selectors.py:1) 2",
     ])  # fmt: skip
     total, areas, across = peer_operator.profile_areas(raw)
     assert total == 8
     assert dict(areas) == {"creating pods (POST; the create pool)": 37.5, "status writes (PUT)": 12.5,
-                           "the pod watch (decode, slim, wake)": 25.0, "other": 25.0}  # fmt: skip
+                           "the watches, pods and DDPJobs (read, decode, slim, wake)": 25.0, "other": 25.0}  # fmt: skip
     assert dict(across) == {"HTTP requests (client, TLS, headers), in all areas": 50.0,
                             "JSON decoding, in all areas": 25.0}  # fmt: skip

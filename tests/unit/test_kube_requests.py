@@ -12,7 +12,7 @@ import pytest
 import urllib3
 
 from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
-from ddpjob_operator import kube
+from ddpjob_operator import kube, metrics
 from ddpjob_operator.kube import Kube, Unreachable
 
 
@@ -92,3 +92,38 @@ def test_no_answer_from_the_apiserver_is_unreachable() -> None:
     pool.fail = True
     with pytest.raises(Unreachable, match="the apiserver did not answer"):
         Kube(Client(pool)).get("/api/v1/namespaces/ns")
+
+
+class Existing(Pool):
+    """Answers a create with 409 once ``taken``."""
+
+    taken = False
+
+    def urlopen(self, method: str, url: str, **kw: Any) -> Answer:
+        answer = super().urlopen(method, url, **kw)
+        if self.taken:
+            return Answer(409, b'{"kind": "Status", "message": "already exists"}')
+        return answer
+
+
+def test_a_create_says_only_whether_it_created_and_a_pods_create_answers_the_pod() -> None:
+    pool = Existing()
+    api = Kube(Client(pool))
+    pod = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "train-0", "namespace": "ns"}}
+    service = {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "train", "namespace": "ns"}}
+    assert api.create(service) is True
+    assert api.create_pod(pod) == {"kind": "Pod"}, "the pod cache takes the pod as created"
+    pool.taken = True
+    assert api.create(service) is False and api.create_pod(pod) is None, "409: it existed already"
+    assert [s["url"] for s in pool.sent] == ["/api/v1/namespaces/ns/services", "/api/v1/namespaces/ns/pods"] * 2
+
+
+def test_each_request_is_counted_by_verb_resource_and_code() -> None:
+    pool = Existing()
+    api = Kube(Client(pool))
+    counted = metrics.api_request("POST", "services", 409)
+    before = counted._value.get()
+    pool.taken = True
+    api.create({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "train", "namespace": "ns"}})
+    assert counted._value.get() == before + 1
+    assert metrics.api_request("POST", "services", 409) is counted, "the labelled child is looked up once"

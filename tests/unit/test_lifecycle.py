@@ -130,7 +130,7 @@ def test_a_new_job_is_pending_and_gets_a_service_and_one_pod_per_rank() -> None:
     assert c.events == ["Created"]
     p = c.step()
     assert c.status.launched_attempt == 0
-    assert c.events == ["Created", "AttemptLaunched"]
+    assert c.events == ["Created"], "attempt 0's launch is told by Created: one Event, one request, fewer per job"
     assert not p.create_service, "the Service comes with each attempt's pods, not with every reconcile"
 
 

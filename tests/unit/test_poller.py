@@ -8,6 +8,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -161,6 +162,32 @@ def test_each_poll_wakes_the_jobs_worker_and_keeps_the_scrapes_for_the_reconcile
             assert [s.ranks[0].ready for s in poller.scrapes(KEY)][:2] == [True, True]
             poller.track_now(KEY, 0, (), 0.05)
             assert poller.scrapes(KEY) == () and len(poller) == 0, "a finished job is forgotten"
+        await poller.stop()
+
+    run(scenario)
+
+
+def test_no_targets_for_a_job_not_polled_asks_nothing_of_the_event_loop() -> None:
+    async def scenario() -> None:
+        poller = Poller(lambda key: None, timeout=2)
+        loop = asyncio.get_running_loop()
+        calls: list[object] = []
+        wake = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return wake(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        poller.track(KEY, 0, (), 0.05)
+        assert calls == [], "nothing polled, nothing to stop"
+        with rank_endpoint() as alive:
+            poller.track(KEY, 0, (target(0, alive),), 0.05)
+            await asyncio.sleep(0.05)
+            assert len(poller) == 1 and len(calls) == 1
+            poller.track(KEY, 0, (), 0.05)
+            await asyncio.sleep(0.01)
+            assert len(poller) == 0 and len(calls) == 2, "a polled job is told to stop"
         await poller.stop()
 
     run(scenario)

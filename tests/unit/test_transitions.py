@@ -60,6 +60,7 @@ CASES: list[tuple[Transition, JobStatus, Phase, int, int, dict[C, tuple[bool, st
      {C.SUSPENDED: (True, "Suspended"), C.RUNNING: (False, "Suspended")}, ["Suspended"]),
     (Resume(), SUSPENDED, Phase.PENDING, 2, 1, {C.SUSPENDED: (False, "Resumed")}, ["Resumed"]),
     (Launch(2), replace(RESTARTING, phase=Phase.RESTARTING), Phase.PENDING, 2, 2, {}, ["AttemptLaunched"]),
+    (Launch(2), JobStatus(phase=Phase.PENDING), Phase.PENDING, 0, 0, {}, []),
     (Rendezvous(1, 2), replace(RUNNING, phase=Phase.PENDING), Phase.RENDEZVOUS, 1, 1,
      {C.RUNNING: (False, "Rendezvous")}, []),
     (Run(2), replace(RESTARTING, phase=Phase.RENDEZVOUS), Phase.RUNNING, 2, 2,
