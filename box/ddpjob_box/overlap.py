@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,7 +130,8 @@ class _Printer:
         self.out.flush()
 
     def rewrite(self, text: str) -> None:
-        self.out.write("\r\033[K" + text)
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line could not be rewritten in place
+        self.out.write("\r\033[K" + text[:width])
         self.out.flush()
         self.status = True
 
