@@ -64,7 +64,8 @@ class GoFigure:
 
 _IMAGE = re.compile(r"^building (?:ghcr\.io|localhost)/ddpjob/(?P<image>[a-z-]+)[:\s]")
 _EXPORT = re.compile(r"^exporting (?:ghcr\.io|localhost)/ddpjob/(?P<image>[a-z-]+)[:\s]")
-_STEP = re.compile(r"^STEP (?P<step>\d+/\d+):")
+# a multi-stage build prefixes its stage: "[2/7] STEP 1/4: FROM ..."
+_STEP = re.compile(r"^(?:\[(?P<stage>\d+/\d+)\] )?STEP (?P<step>\d+/\d+):")
 _DOWNLOAD = re.compile(r"Downloading (?:\S*/)?(?P<file>[^/\s]+) \((?P<size>[\d.]+) (?P<unit>[kMG]B)\)")
 _DEBOOTSTRAP = re.compile(r"^I: (?P<verb>Retrieving|Unpacking|Configuring) (?P<what>\S+)")
 # "Retrieving InRelease/Packages" fetch the indexes; "Unpacking required packages..." names a phase
@@ -101,7 +102,8 @@ class ImageFigure:
         elif match := _EXPORT.match(line):
             self.start(match.group("image"), "exporting")
         elif match := _STEP.match(line):
-            self.step = match.group("step")
+            stage = match.group("stage")
+            self.step = match.group("step") + (f" of stage {stage}" if stage else "")
         elif match := _DEBOOTSTRAP.match(line):
             if match.group("what") not in _DEBOOTSTRAP_PHASES:
                 self.debian[match.group("verb")] += 1

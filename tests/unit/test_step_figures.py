@@ -68,6 +68,14 @@ def test_an_image_from_the_dockerfile_shows_its_step_and_the_wheels_downloaded_a
     assert figure.text() == "building trainer STEP 5/14, 2.0 GB of wheels downloaded"
 
 
+def test_a_multi_stage_build_shows_its_stage_beside_its_step() -> None:
+    lines = [
+        "building ghcr.io/ddpjob/operator:0.1.0 (localhost/ddpjob/operator:abcd) with buildah",
+        "[3/7] STEP 2/3: COPY --from=requirements /requirements/operator.txt /tmp/requirements.txt",
+    ]
+    assert read_all(ImageFigure(), lines) == "building operator STEP 2/3 of stage 3/7"
+
+
 def test_exporting_an_image_resets_the_step_and_the_debian_counts() -> None:
     lines = [
         "building localhost/ddpjob/base:0123 from debootstrap bookworm (mirror)",
