@@ -33,6 +33,7 @@ from typing import Any
 from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
+from ddpjob_box.overlap import stop_like_ctrl_c
 from ddpjob_box.toolchain import cache_dir
 
 # Bump when the recipe below changes in a way its inputs do not show.
@@ -589,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also write them into the cache's OCI layout, as a node's first import does (make setup: in advance)",
     )
     args = parser.parse_args(argv)
+    stop_like_ctrl_c()  # stopped by make setup: remove the half-built root filesystem and working container
     if args.containerd_socket is not None and not args.containerd_socket.is_socket():
         print(
             f"ddpjob: --containerd-socket {args.containerd_socket} is not a socket; start containerd first",

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from ddpjob_box.errors import BoxError
 from ddpjob_box.step_figures import Figure, NoFigure
@@ -105,6 +105,16 @@ class _Running:
         finally:
             _signal_group(self.proc.pid, signal.SIGKILL)  # the leader gone, its children may linger
         self.finish()
+
+
+def stop_like_ctrl_c() -> None:
+    """In a step's own program: SIGTERM (how run_steps stops it) raises KeyboardInterrupt, so its ``finally``
+    blocks and temporary directories are cleaned up before it exits."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -15,9 +15,8 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from ddpjob_box.overlap import Step, StepFailed, run_steps
+from ddpjob_box.overlap import Step, StepFailed, run_steps, stop_like_ctrl_c
 from ddpjob_box.step_figures import GoFigure, ImageFigure
 from ddpjob_box.step_report import encode_times, step_table
 
@@ -65,10 +64,6 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return args[:at], args[at + 1 :]
 
 
-def _interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
@@ -77,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("purpose", choices=PURPOSES, help="the make target the setup is for")
     args = parser.parse_args(own)
     # a CI runner's timeout, like Ctrl-C: stop the steps, leave nothing running
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_like_ctrl_c()
     title = f"make {args.purpose}: setup step times"
     try:
         times = run_steps(steps_for(args.purpose, python=sys.executable))

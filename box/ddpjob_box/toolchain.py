@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpjob_box.errors import BoxError
+from ddpjob_box.overlap import stop_like_ctrl_c
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
@@ -296,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--progress", action="store_true", help="print each module downloaded and package compiled (for make setup)"
     )
     args = parser.parse_args(argv)
+    stop_like_ctrl_c()
     echo = (lambda line: print(line, flush=True)) if args.progress else _discard
     try:
         for build in builds_for(args.purpose):

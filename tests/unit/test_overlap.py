@@ -138,3 +138,28 @@ def test_the_step_runs_with_unbuffered_python_so_its_progress_arrives_as_it_is_p
     out = io.StringIO()
     run_steps([Step("py", [sys.executable, "-c", "import os; print(os.environ['PYTHONUNBUFFERED'])"])], out=out)
     assert "py: done in" in out.getvalue()
+
+
+def test_a_stopped_step_that_stops_like_ctrl_c_runs_its_cleanup_before_it_exits(tmp_path: Path) -> None:
+    started, cleaned = tmp_path / "started", tmp_path / "cleaned"
+    program = (
+        "import pathlib, time\n"
+        "from ddpjob_box.overlap import stop_like_ctrl_c\n"
+        "stop_like_ctrl_c()\n"
+        "try:\n"
+        f"    pathlib.Path({str(started)!r}).write_text('1')\n"
+        "    time.sleep(60)\n"
+        "finally:\n"
+        f"    pathlib.Path({str(cleaned)!r}).write_text('1')\n"
+    )
+    box_dir = str(Path(__file__).resolve().parents[2] / "box")
+    with pytest.raises(StepFailed):
+        run_steps(
+            [
+                Step("images", [sys.executable, "-c", program], env={"PYTHONPATH": box_dir}),
+                Step("Go builds", sh(f"while [ ! -e {started} ]; do sleep 0.05; done; exit 2")),
+            ],
+            out=io.StringIO(),
+            tty=False,
+        )
+    assert cleaned.exists()
