@@ -12,7 +12,14 @@ export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: setup venv tools system-packages images test lint demo bench soak clean-venv
 
-setup: venv system-packages tools
+# setup, test and demo run their steps side by side where they can (box/ddpjob_box/prepare.py): the Go builds
+# while the venv and the images download, each with a progress line and a table of step times at the end.
+# It runs on the system's python3, with the standard library alone, as the venv is one of its steps.
+PREPARE := PYTHONPATH=box $(PYTHON) -m ddpjob_box.prepare
+
+# venv, Debian packages, every Go build and the images: what make test and make demo need
+setup:
+	$(PREPARE) setup
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -40,8 +47,8 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
 	fi
 
-tools: venv
-	$(PY) -m ddpjob_box.toolchain
+tools:
+	$(PREPARE) tools
 
 # The base, pause, operator and trainer images, built with buildah and cached by their inputs (see
 # box/ddpjob_box/images.py); CONTAINERD_SOCKET=/path/to.sock also imports them into that containerd.
@@ -55,12 +62,12 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # The images are built (or found in the cache) before any test runs: a cold build takes several minutes,
-# which no test's own time limit should include.
-test: setup images lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+# which no test's own time limit should include. The lint runs beside the Go builds.
+test:
+	$(PREPARE) test -- $(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup
-	$(PY) -m ddpjob_box.demo
+demo:
+	$(PREPARE) demo -- $(PY) -m ddpjob_box.demo
 
 bench: setup
 	$(PY) -m bench.run_all

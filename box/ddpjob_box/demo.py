@@ -9,6 +9,8 @@ live; ends with a summary table and the Prometheus URL. Ctrl-C at any point tear
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -16,7 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,9 @@ import yaml
 from ddpjob_box import toolchain
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
+from ddpjob_box.heartbeat import heartbeat
+from ddpjob_box.prepare import STEP_TIMES_ENV
+from ddpjob_box.step_report import StepTime, decode_times, step_table
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "manifests" / "cpu-ddp.yaml"
@@ -198,6 +203,28 @@ class Demo:
         return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def timed(name: str, steps: list[StepTime]) -> Iterator[None]:
+    """Add the body's wall-clock interval to ``steps`` as the step ``name``."""
+    started = time.monotonic()
+    yield
+    steps.append(StepTime(name, started, time.monotonic()))
+
+
+def box_figure(box: Box) -> Callable[[], str]:
+    """What the box is starting: the control plane, then the node (its images imported into its containerd),
+    then Prometheus."""
+
+    def figure() -> str:
+        if box.plane is None:
+            return ""
+        if box.node is None:
+            return "the control plane, then the node (its images imported into its containerd)"
+        return "node up; starting Prometheus"
+
+    return figure
+
+
 def run(keep: bool) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -205,24 +232,31 @@ def run(keep: bool) -> int:
     manifest_job = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d.get("kind") == "DDPJob")
     name = manifest_job["metadata"]["name"]
     metrics_port = int(manifest_job["spec"].get("metricsPort", 9090))
+    # the setup's steps (venv, Go builds, images), when make ran it first (ddpjob_box.prepare)
+    steps = decode_times(os.environ.get(STEP_TIMES_ENV, ""))
     with tempfile.TemporaryDirectory(prefix="ddpjob-demo-") as tmp:
         box = Box(data_dir=Path(tmp) / "box")
         try:
             print(
                 "starting the box: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a kubelet node "
-                "with the images built from the Dockerfile (the first run builds them: minutes), Prometheus",
+                "with the images built from the Dockerfile (imported into its containerd), Prometheus",
                 flush=True,
             )
-            box.start()
+            with timed("box start", steps), heartbeat("box start", box_figure(box)):
+                box.start()
             assert box.plane is not None and box.prometheus is not None
             demo = Demo(box, kubectl)
             print(f"export KUBECONFIG={box.plane.kubeconfig}", flush=True)
             print(f"$ helm install ddpjob helm/ddpjob -n {NAMESPACE} --create-namespace --wait", flush=True)
-            demo.helm("install", "ddpjob", str(CHART), "-n", NAMESPACE, "--create-namespace", "--wait", "--timeout=5m")
+            with timed("helm install", steps), heartbeat("helm install"):
+                demo.helm(
+                    "install", "ddpjob", str(CHART), "-n", NAMESPACE, "--create-namespace", "--wait", "--timeout=5m"
+                )
             print(f"operator running (kubectl logs -n {NAMESPACE} deploy/ddpjob)", flush=True)
             print(f"$ kubectl apply -n {NAMESPACE} -f manifests/{MANIFEST.name}", flush=True)
-            print(demo.kubectl("apply", "-n", NAMESPACE, "-f", str(MANIFEST)).strip(), flush=True)
-            job = demo.watch(name, metrics_port)
+            with timed("the job", steps):
+                print(demo.kubectl("apply", "-n", NAMESPACE, "-f", str(MANIFEST)).strip(), flush=True)
+                job = demo.watch(name, metrics_port)
             print(demo.kubectl("get", "ddpjob", name, "-n", NAMESPACE).strip())
             time.sleep(4)  # one more scrape interval, so the table has the final counts
             print(f"\nsummary of {NAMESPACE}/{name} ({job['status'].get('phase')}), from Prometheus:")
@@ -231,6 +265,7 @@ def run(keep: bool) -> int:
                 f"\nPrometheus: {box.prometheus.url}/graph?g0.expr=ddp_steps_total  (try: "
                 "rate(ddp_samples_total[30s]), histogram_quantile(0.5, rate(ddp_step_seconds_bucket[1m])))"
             )
+            print("\n" + step_table(steps, title="make demo: step times"), flush=True)
             if keep:
                 print("the box keeps running; press Ctrl-C to stop it and remove everything", flush=True)
                 while True:

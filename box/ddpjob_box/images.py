@@ -33,6 +33,7 @@ from typing import Any
 from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
+from ddpjob_box.overlap import stop_like_ctrl_c
 from ddpjob_box.toolchain import cache_dir
 
 # Bump when the recipe below changes in a way its inputs do not show.
@@ -88,6 +89,19 @@ def _run(argv: Sequence[str], what: str, *, cwd: Path | None = None) -> str:
         last = lines[-1].strip() if lines else f"exit status {proc.returncode}"
         raise BoxError(f"{what} failed: {last}")
     return proc.stdout
+
+
+def _run_echoed(argv: Sequence[str], what: str) -> None:
+    """Run a long command with its output passed on line by line (its progress), failing with its last line."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=buildah_env())
+    assert proc.stdout is not None
+    last = ""
+    with proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            last = line.strip() or last
+    if proc.returncode != 0:
+        raise BoxError(f"{what} failed: {last or f'exit status {proc.returncode}'}")
 
 
 def buildah(*args: str, what: str) -> str:
@@ -147,13 +161,15 @@ def ensure_base(*, quiet: bool = False) -> str:
     debootstrap = _tool("debootstrap", "debootstrap")
     images_dir().mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"building {name} from debootstrap {SUITE} ({mirror}); about a minute", flush=True)
+        print(f"building {name} from debootstrap {SUITE} ({mirror})", flush=True)
     with tempfile.TemporaryDirectory(dir=images_dir(), prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        _run(
-            [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), mirror],
-            f"debootstrap {SUITE} from {mirror}",
-        )
+        argv = [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), mirror]
+        what = f"debootstrap {SUITE} from {mirror}"
+        if quiet:
+            _run(argv, what)
+        else:
+            _run_echoed(argv, what)
         # The runtime provides /dev, /proc, /sys and the resolver; apt's caches only add weight.
         for sub in ("dev", "proc", "sys", "var/cache/apt/archives", "var/lib/apt/lists", "tmp"):
             for child in (rootfs / sub).glob("*"):
@@ -548,6 +564,18 @@ def ensure_all(socket: Path | None = None, *, namespace: str = CONTAINERD_NAMESP
     return names
 
 
+def export_all(names: Sequence[str]) -> None:
+    """Write each image into the cache's OCI layout, where a node's import reads it: the trainer's 3 GB are then
+    written while the Go builds run, not while the box starts."""
+    for name in names:
+        with _layout_lock():
+            layout = layout_dir()
+            ident = image_id(name)
+            if ident is None or not (layout / "digests" / ident).exists():
+                print(f"exporting {name} into {layout}", flush=True)
+            export_layout(name)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m ddpjob_box.images [--containerd-socket SOCK]``: what ``make images`` runs."""
     import argparse
@@ -556,7 +584,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ddpjob_box.images", description=main.__doc__)
     parser.add_argument("--containerd-socket", type=Path, help="import the images into this containerd")
     parser.add_argument("--namespace", default=CONTAINERD_NAMESPACE, help="containerd namespace (default: k8s.io)")
+    parser.add_argument(
+        "--export-layout",
+        action="store_true",
+        help="also write them into the cache's OCI layout, as a node's first import does (make setup: in advance)",
+    )
     args = parser.parse_args(argv)
+    stop_like_ctrl_c()  # stopped by make setup: remove the half-built root filesystem and working container
     if args.containerd_socket is not None and not args.containerd_socket.is_socket():
         print(
             f"ddpjob: --containerd-socket {args.containerd_socket} is not a socket; start containerd first",
@@ -566,6 +600,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     try:
         names = ensure_all(args.containerd_socket, namespace=args.namespace)
+        if args.export_layout:
+            export_all([ensure_base(quiet=True), *names])
     except BoxError as err:
         print(f"ddpjob: {err}", file=sys.stderr)
         sys.exit(2)

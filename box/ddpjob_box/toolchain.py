@@ -11,10 +11,12 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpjob_box.errors import BoxError
+from ddpjob_box.overlap import stop_like_ctrl_c
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
@@ -218,8 +220,13 @@ def _go_binary_name(package: str) -> str:
     return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
 
 
-def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
-    """Return the path of each binary, building the missing ones once."""
+def _discard(line: str) -> None:
+    pass
+
+
+def ensure(build: GoBuild, *, quiet: bool = False, echo: Callable[[str], None] = _discard) -> dict[str, Path]:
+    """Return the path of each binary, building the missing ones once. ``echo`` gets each line go build
+    prints: the modules it downloads and, with -v, each package it compiles."""
     bin_dir = build.bin_dir()
     paths = {name: bin_dir / name for name in build.packages}
     missing = {name: pkg for name, pkg in build.packages.items() if not paths[name].exists()}
@@ -230,14 +237,15 @@ def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
     staging = bin_dir / ".staging"
     staging.mkdir(exist_ok=True)
     if not quiet:
-        print(f"building {', '.join(missing)} into {bin_dir} (cold builds take several minutes)", flush=True)
+        print(f"building {', '.join(missing)} ({build.key}) into {bin_dir}", flush=True)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
     tags = ["-tags", build.tags] if build.tags else []
-    cmd = [go, "build", "-trimpath", *tags, "-ldflags", build.ldflags, "-o", str(staging) + "/", *missing.values()]
-    proc = subprocess.run(cmd, cwd=TOOLS_DIR / build.module_dir, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-4000:])
-        raise BoxError(_explain_go_failure(", ".join(missing), proc.stderr))
+    cmd = [go, "build", "-v", "-trimpath", *tags, "-ldflags", build.ldflags, "-o", str(staging) + "/"]
+    code, said = _run_go([*cmd, *missing.values()], cwd=TOOLS_DIR / build.module_dir, env=env, echo=echo)
+    if code != 0:
+        if echo is _discard:  # else its lines are out already
+            print("\n".join(said[-40:]))
+        raise BoxError(_explain_go_failure(", ".join(missing), "\n".join(said)))
     for name, pkg in missing.items():
         built = staging / _go_binary_name(pkg)
         # rename is atomic: a killed build never leaves a half-written binary under its final name
@@ -246,22 +254,55 @@ def ensure(build: GoBuild, *, quiet: bool = False) -> dict[str, Path]:
     return paths
 
 
-def main() -> None:
-    """Build everything the box needs: ``python -m ddpjob_box.toolchain``."""
+# what go build -v prints for each package it compiles: the import path alone
+_PACKAGE_LINE = re.compile(r"[A-Za-z0-9_.~\-]+(?:/[A-Za-z0-9_.~\-]+)*")
+
+
+def _run_go(argv: list[str], *, cwd: Path, env: dict[str, str], echo: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run go, passing each line to ``echo``; returns its exit status and what it said besides package names
+    (a package named .../proxy must not read as a proxy error)."""
+    said: list[str] = []
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    with proc:
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+            if not _PACKAGE_LINE.fullmatch(line.strip()):
+                said.append(line.rstrip("\n"))
+    return proc.returncode, said
+
+
+PURPOSES = ("demo", "test")
+
+
+def builds_for(purpose: str) -> tuple[GoBuild, ...]:
+    """What a command needs: the demo runs no Kueue; the tests (and ``make tools``) need everything the box
+    can start."""
+    demo = (kubernetes_build(), kubernetes_node_build(), coredns_build(), helm_build(), prometheus_build())
+    if purpose == "demo":
+        return demo
+    if purpose == "test":
+        return (*demo, kueue_build())
+    raise ValueError(f"unknown purpose {purpose!r}: choose one of {', '.join(PURPOSES)}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build what the box needs: ``python -m ddpjob_box.toolchain [--for demo|test]``."""
+    import argparse
     import sys
 
+    parser = argparse.ArgumentParser(prog="python -m ddpjob_box.toolchain", description=main.__doc__)
+    parser.add_argument("--for", dest="purpose", choices=PURPOSES, default="test", help="what to build for")
+    parser.add_argument(
+        "--progress", action="store_true", help="print each module downloaded and package compiled (for make setup)"
+    )
+    args = parser.parse_args(argv)
+    stop_like_ctrl_c()
+    echo = (lambda line: print(line, flush=True)) if args.progress else _discard
     try:
-        builds = (
-            kubernetes_build(),
-            kubernetes_node_build(),
-            coredns_build(),
-            helm_build(),
-            prometheus_build(),
-            kueue_build(),
-        )
-        for build in builds:
-            paths = ensure(build)
-            print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}")
+        for build in builds_for(args.purpose):
+            paths = ensure(build, echo=echo)
+            print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}", flush=True)
     except BoxError as err:
         print(f"ddpjob: {err}", file=sys.stderr)
         sys.exit(2)

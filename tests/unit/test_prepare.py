@@ -1,0 +1,43 @@
+"""What each make target's setup runs, and in which order."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpjob_box.prepare import split_command, steps_for
+
+
+def names(purpose: str) -> list[str]:
+    return [step.name for step in steps_for(purpose, python="python3")]
+
+
+def test_the_demo_builds_no_kueue_and_the_tests_also_lint() -> None:
+    demo_go = next(s for s in steps_for("demo", python="python3") if s.name == "Go builds")
+    test_go = next(s for s in steps_for("test", python="python3") if s.name == "Go builds")
+    assert list(demo_go.argv[-2:]) == ["--for", "demo"]
+    assert list(test_go.argv[-2:]) == ["--for", "test"]
+    assert names("demo") == ["venv", "Debian packages", "Go builds", "images"]
+    assert names("setup") == ["venv", "Debian packages", "Go builds", "images"]
+    assert names("test") == ["venv", "Debian packages", "Go builds", "images", "lint"]
+    assert names("tools") == ["Go builds"]
+
+
+def test_the_images_wait_for_the_debian_packages_the_lint_for_the_venv_and_apt_is_never_stopped() -> None:
+    steps = {step.name: step for step in steps_for("test", python="python3")}
+    assert steps["images"].after == ("Debian packages",)
+    assert steps["lint"].after == ("venv",)
+    assert steps["Go builds"].after == ()
+    assert not steps["Debian packages"].stoppable
+
+
+def test_an_unknown_purpose_is_refused() -> None:
+    with pytest.raises(ValueError, match="choose one of"):
+        steps_for("bench", python="python3")
+
+
+def test_the_command_after_the_setup_follows_a_double_dash() -> None:
+    assert split_command(["demo", "--", ".venv/bin/python", "-m", "pytest", "-k", "x"]) == (
+        ["demo"],
+        [".venv/bin/python", "-m", "pytest", "-k", "x"],
+    )
+    assert split_command(["setup"]) == (["setup"], [])
