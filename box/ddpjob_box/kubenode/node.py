@@ -405,8 +405,12 @@ class KubeletNode:
             self._forget()
         if self.before is not None:
             kill_pods(self.before, self.layout.containerd_socket)
-        # The store keeps images for the next node; containers only if they could not all be removed.
-        clean = self.containerd is not None and remove_containers(self.layout.containerd_socket)
+        # The store keeps images for the next node; containers only if they could not all be removed. Only a
+        # containerd that runs can remove them: asking a stopped one (a second stop) waited out 20 s of retries,
+        # each `ctr` call waiting for its socket, about 50 s in all.
+        clean = (
+            self.containerd is not None and self.containerd.alive() and remove_containers(self.layout.containerd_socket)
+        )
         if self.containerd:
             self.containerd.stop()
         if self.lease:
