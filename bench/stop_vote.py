@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import workload
+from bench import ddp_cpu, workload
 from bench.common import (
     RESULTS_DIR,
     THROUGHPUT_HEADERS,
@@ -35,7 +35,6 @@ from bench.common import (
     throughput_rows,
     write_results,
 )
-from bench.ddp_cpu import torchrun
 
 NAME = "stop_vote"
 TARGET = 0.98
@@ -43,8 +42,8 @@ VARIANTS = {"vote": ["--stop-grace-seconds=30"], "no vote": ["--stop-grace-secon
 
 
 def command(w: workload.Workload, world_size: int, checkpoint_dir: Path, stop: Sequence[str]) -> list[str]:
-    return [*torchrun(world_size), "-m", "bench.trainer_probe", f"--warmup={w.warmup}", f"--measure={w.measure}",
-            "--", *w.trainer_args(), f"--checkpoint-dir={checkpoint_dir}", "--checkpoint-interval=0",
+    """bench.ddp_cpu's trainer under torchrun, with a checkpoint directory that is never written inside the window."""
+    return [*ddp_cpu.command("trainer", world_size, w), f"--checkpoint-dir={checkpoint_dir}", "--checkpoint-interval=0",
             *stop]  # fmt: skip
 
 
