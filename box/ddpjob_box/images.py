@@ -301,9 +301,10 @@ def export_layout(name: str) -> str:
     if ident is None:
         raise BoxError(f"image {name} is not in the box's storage; build it first (make images)")
     layout = layout_dir()
+    exported = _exported(layout, ident)
+    if exported is not None:
+        return exported
     remembered = layout / "digests" / ident
-    if remembered.exists() and (layout / "blobs" / "sha256" / remembered.read_text().split(":")[-1]).exists():
-        return remembered.read_text().strip()
     remembered.parent.mkdir(parents=True, exist_ok=True)
     digest_file = remembered.with_suffix(".partial")
     buildah(
@@ -319,6 +320,14 @@ def export_layout(name: str) -> str:
     digest_file.rename(remembered)
     _collect_garbage(layout)
     return remembered.read_text().strip()
+
+
+def _exported(layout: Path, ident: str) -> str | None:
+    """The manifest digest of image ``ident`` when the layout holds it already (remembered, and its manifest there)."""
+    remembered = layout / "digests" / ident
+    if remembered.exists() and (layout / "blobs" / "sha256" / remembered.read_text().split(":")[-1]).exists():
+        return remembered.read_text().strip()
+    return None
 
 
 def _manifest_blobs(layout: Path, digest: str) -> list[str]:
@@ -571,7 +580,7 @@ def export_all(names: Sequence[str]) -> None:
         with _layout_lock():
             layout = layout_dir()
             ident = image_id(name)
-            if ident is None or not (layout / "digests" / ident).exists():
+            if ident is None or _exported(layout, ident) is None:
                 print(f"exporting {name} into {layout}", flush=True)
             export_layout(name)
 
