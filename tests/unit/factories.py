@@ -1,7 +1,8 @@
-"""Builders of test data: DDPJob bodies, parsed jobs and pod views."""
+"""Builders of test data: DDPJob bodies, parsed jobs and pod views; and a count of an event loop's wake-ups."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -39,3 +40,17 @@ def pod(j: Job, rank: int, attempt: int = 0, **facts: Any) -> PodView:
 
 def pods(j: Job, attempt: int = 0, **facts: Any) -> list[PodView]:
     return [pod(j, r, attempt, **facts) for r in range(j.spec.replicas)]
+
+
+def count_wakes(loop: asyncio.AbstractEventLoop) -> list[object]:
+    """From now on, every ``loop.call_soon_threadsafe`` (a wake-up of the loop from another thread) is appended to
+    the list returned, and still made."""
+    wakes: list[object] = []
+    wake = loop.call_soon_threadsafe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        wakes.append(args)
+        return wake(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    return wakes

@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 from ddpjob_operator.inbox import Inbox
+
+from .factories import count_wakes
 
 
 def test_calls_posted_while_the_loop_is_busy_run_in_order_after_one_wake_up() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        wakes: list[object] = []
-        wake = loop.call_soon_threadsafe
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            wakes.append(args)
-            return wake(*args, **kwargs)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        wakes = count_wakes(loop)
         inbox = Inbox(loop)
         ran: list[int] = []
         posting = threading.Thread(target=lambda: [inbox.post(lambda i=i: ran.append(i)) for i in range(100)])

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -19,6 +18,7 @@ from ddpjob_operator.poller import Poller
 from ddpjob_operator.progress import REFUSED, Target
 from ddpjob_operator.workqueue import WorkQueue
 
+from .factories import count_wakes
 from .test_controller import T0, FakeCache, FakeKube, Inline
 
 KEY = ("ns", "train")
@@ -170,15 +170,7 @@ def test_each_poll_wakes_the_jobs_worker_and_keeps_the_scrapes_for_the_reconcile
 def test_no_targets_for_a_job_not_polled_asks_nothing_of_the_event_loop() -> None:
     async def scenario() -> None:
         poller = Poller(lambda key: None, timeout=2)
-        loop = asyncio.get_running_loop()
-        calls: list[object] = []
-        wake = loop.call_soon_threadsafe
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args)
-            return wake(*args, **kwargs)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        calls = count_wakes(asyncio.get_running_loop())
         poller.track(KEY, 0, (), 0.05)
         assert calls == [], "nothing polled, nothing to stop"
         with rank_endpoint() as alive:
