@@ -133,9 +133,10 @@ def windowed(points: Sequence[Point], window: float, training: tuple[float, floa
 
     With the first and last step known (``training``, seconds since the start), only the windows
     that lie wholly inside the training are kept: one reaching past either edge would draw a ramp
-    the run never had. A run shorter than one window keeps them all."""
+    the run never had. A training shorter than one window keeps none (``from_prometheus`` then
+    draws the training's own mean instead)."""
     inside = [(t, v) for t, v in points if training is None or (training[0] <= t - window and t <= training[1])]
-    return [(t - window / 2, v) for t, v in (inside or points)]
+    return [(t - window / 2, v) for t, v in inside]
 
 
 def scrape_interval(timestamps: Sequence[Sequence[float]]) -> float:
@@ -250,19 +251,26 @@ def summary(data: ReportData, status: Mapping[str, Any]) -> str:
 
 
 def from_prometheus(
-    url: str, namespace: str, job: str, span: Span, *, scrape_seconds: float | None = None
+    url: str,
+    namespace: str,
+    job: str,
+    span: Span,
+    *,
+    scrape_seconds: float | None = None,
+    window: float | None = None,
 ) -> ReportData:
     """Series over ``span`` from a Prometheus that labels the ranks' series with namespace, ddpjob and rank.
 
-    The rate window and the step between points follow from the run's length and the scrape
-    interval, which is read off the samples themselves unless ``scrape_seconds`` says it. Only the
-    windows that lie wholly inside the training (its first to its last step) are drawn."""
+    The rate window (unless ``window`` says it) and the step between points follow from the run's
+    length and the scrape interval, which is read off the samples themselves unless ``scrape_seconds``
+    says it. Only the windows that lie wholly inside the training (its first to its last step) are
+    drawn; when none does, one point per series holds the training's mean."""
     sel = f'namespace="{namespace}",ddpjob="{job}"'
     if scrape_seconds is None:
         recent = f"{max(1, math.ceil(min(span.seconds, 300)))}s"  # enough scrapes to tell the interval
         raw = _prom(url, "query", f"{names.STEPS_TOTAL}{{{sel}}}[{recent}]", time=span.end)
         scrape_seconds = scrape_interval([[float(t) for t, _ in s.get("values", [])] for s in raw])
-    window = rate_window(span.seconds, scrape_seconds)
+    window = window or rate_window(span.seconds, scrape_seconds)
     data = ReportData(job=job, namespace=namespace, source="prometheus", span=span, rate_window=window)
     data.training = training = _training(url, sel, span, scrape_seconds)
     w, step = f"{window:g}s", query_step(span.seconds, scrape_seconds)
@@ -280,8 +288,39 @@ def from_prometheus(
     data.step_time = dict(series(per_step))
     for _, points in series(f"sum(rate({names.SAMPLES_TOTAL}{{{sel}}}[{w}]))"):
         data.throughput = points
+    if training and not data.throughput:  # no window fits inside the training: its mean, one point
+        _over_training(url, sel, span, scrape_seconds, data, training)
     data.phases = _phases(url, sel, span)
     return data
+
+
+def _over_training(
+    url: str, sel: str, span: Span, scrape_seconds: float, data: ReportData, training: tuple[float, float]
+) -> None:
+    """A training shorter than one rate window is drawn as one point per series at its middle: what the
+    counters gained from the first scrape that saw a step to the last, over the steps' own timestamps
+    (``_training`` reads those from the same two scrapes), so the figure is the run's exact mean."""
+    first, last = training
+    if last <= first:
+        return  # one scrape saw the whole training: no rate to draw
+    whole = f"{max(1, math.ceil(span.seconds))}s"
+
+    def gained(metric: str) -> str:
+        seen = f"({metric}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s]"
+        return f"(max_over_time({metric}{{{sel}}}[{whole}]) - min_over_time({seen}))"
+
+    step = names.STEP_SECONDS
+    per_step = f"sum by (rank) ({gained(f'{step}_sum')}) / sum by (rank) ({gained(f'{step}_count')})"
+    middle = (first + last) / 2
+    data.step_time = {
+        s["metric"].get("rank", "?"): [(middle, float(s["value"][1]))]
+        for s in _prom(url, "query", per_step, time=span.end)
+    }
+    data.throughput = [
+        (middle, float(s["value"][1]) / (last - first))
+        for s in _prom(url, "query", f"sum({gained(names.SAMPLES_TOTAL)})", time=span.end)
+    ]
+    data.rate_window = round(last - first, 1)
 
 
 def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[float, float] | None:
@@ -410,6 +449,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument("--prometheus", metavar="URL", help="read the whole run from this Prometheus")
     parser.add_argument("-o", "--out", type=Path, default=Path("."), help="directory for the PNGs (default: here)")
+    parser.add_argument("--rate-window", type=float, metavar="SECONDS",
+                        help="with --prometheus: seconds per rate (default: fitted to the run)")  # fmt: skip
     parser.add_argument("--duration", type=float, default=30.0, help="without Prometheus: sample the ranks this long")
     parser.add_argument("--interval", type=float, default=3.0, help="without Prometheus: seconds between samples")
 
@@ -442,7 +483,7 @@ def report(args: argparse.Namespace) -> list[str]:
         status: Mapping[str, Any] = body.get("status") or {}
         span = run_span(body, time.time())
         if args.prometheus:
-            data = from_prometheus(args.prometheus, args.namespace, args.job, span)
+            data = from_prometheus(args.prometheus, args.namespace, args.job, span, window=args.rate_window)
         elif span.finished:  # its ranks are gone: the status holds their final figures
             data = from_status(args.job, args.namespace, status, span)
         else:

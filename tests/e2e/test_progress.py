@@ -147,7 +147,7 @@ def test_ddpjob_report_writes_pngs_of_step_time_phases_and_throughput(
     for name in report.FIGURES:
         _check_png(out / f"rep-{name}.png")
     args = argparse.Namespace(job="rep", namespace=namespace, prometheus=prometheus.url, out=tmp_path / "cli-prom",
-                              duration=0, interval=1)  # fmt: skip
+                              rate_window=None, duration=0, interval=1)  # fmt: skip
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     lines = report.report(args)
     assert "source: prometheus" in lines[0] and lines[-1].endswith("rep-throughput.png")
@@ -165,10 +165,16 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     span = report.run_span(body, time.time())
     assert span.finished and span.end == _time(status["completionTime"]).timestamp()
     data = report.from_prometheus(prometheus.url, namespace, "done", span)
-    assert data.rate_window == report.rate_window(span.seconds, SCRAPE_SECONDS), "the scrape interval, as observed"
     assert data.training is not None
     first, last = data.training
     assert 0 < first < last <= span.seconds, "the training lies between the start and the completion"
+    fitted = report.rate_window(span.seconds, SCRAPE_SECONDS)  # the scrape interval, as observed
+    assert data.rate_window == (fitted if last - first >= fitted else round(last - first, 1)), data.rate_window
+    # a window longer than the training: no window fits inside it, so one point per series holds its mean
+    whole = report.from_prometheus(prometheus.url, namespace, "done", span, window=10 * span.seconds)
+    assert [len(whole.throughput), *map(len, whole.step_time.values())] == [1, 1, 1], "one point per series"
+    assert whole.throughput[0][0] == (first + last) / 2 and whole.rate_window == round(last - first, 1)
+    assert abs(whole.throughput[0][1] - measured) <= 0.15 * measured, f"{whole.throughput}, the trainer: {measured}"
     figs = report.figures(data)
     _check_figures(figs, tmp_path / "prom", "done")
     for name in ("step-time", "throughput"):
@@ -185,7 +191,7 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     args = argparse.Namespace(job="done", namespace=namespace, prometheus=prometheus.url, out=tmp_path / "cli",
-                              duration=0, interval=1)  # fmt: skip
+                              rate_window=None, duration=0, interval=1)  # fmt: skip
     (text, *wrote) = report.report(args)
     print(f"{text}\n(the trainer's summary: {measured:.1f} samples/s; plotted mean {mean:.1f}, peak {peak:.1f})")
     assert text.startswith(f"DDPJob {namespace}/done: Succeeded after {span.seconds:.0f} s"), text
