@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
 export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
 PYTEST_ARGS ?=
+# Three workers: each box group on one, with a box of its own, and the tests that need no box (tests/workers.py).
+PYTEST_WORKERS ?= -n 3 --dist loadgroup
 # The Go toolchain's usual home, for shells that do not have it on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 
@@ -64,7 +66,7 @@ lint: venv
 # The images are built (or found in the cache) before any test runs: a cold build takes several minutes,
 # which no test's own time limit should include. The lint runs beside the Go builds.
 test:
-	$(PREPARE) test -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PREPARE) test -- $(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 demo:
 	$(PREPARE) demo -- $(PY) -m ddpjob_box.demo

@@ -6,6 +6,7 @@ When a test fails, the tail of every component's log is attached to its report.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -22,6 +23,7 @@ from ddpjob_box.box import Box, shipped_images
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
+from tests import workers
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +32,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    if not hasattr(config, "workerinput"):  # the controlling process: its workers inherit the lock's name
+        os.environ.setdefault(workers.RUN_ENV, uuid.uuid4().hex)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and (path := workers.lock_path()) is not None:
+        path.unlink(missing_ok=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -76,15 +85,42 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def node(cluster: Cluster) -> KubeletNode:
+def node(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[KubeletNode]:
     """The box's node, started on first use: kubelet with containerd and runc, running the operator and
     trainer images built from the Dockerfile (a cold session builds them first, about 8 minutes)."""
+    with workers.host_lock(request.config, exclusive=False):
+        yield start_session_node(cluster, proxy=True)
+
+
+def start_session_node(cluster: Cluster, *, proxy: bool) -> KubeletNode:
     if cluster.box is None:
         pytest.skip("the box's node exists only in the box, not in an existing cluster")
     try:
-        return cluster.box.start_node(images=shipped_images())
+        return cluster.box.start_node(images=shipped_images(), proxy=proxy)
     except BoxError as err:
         pytest.fail(f"the box's node did not start: {err}", pytrace=False)
+
+
+def _compares_host(node: pytest.Item | pytest.Collector | None) -> bool:
+    """A test (or module) that starts nodes of its own and checks the host is left as it found it."""
+    return node is not None and bool(node.get_closest_marker("kubelet")) and "/kueue/" not in f"/{node.nodeid}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def host_alone_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No other worker's node runs beside a module of ``kubelet`` tests (tests/workers.py)."""
+    with (
+        workers.host_lock(request.config, exclusive=True) if _compares_host(request.node) else contextlib.nullcontext()
+    ):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def host_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """...nor beside a ``kubelet`` test in a module of others."""
+    alone = _compares_host(request.node) and not _compares_host(request.node.getparent(pytest.Module))
+    with workers.host_lock(request.config, exclusive=True) if alone else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -141,12 +177,23 @@ def pytest_runtest_makereport(
     return report
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need no node run first: once the box's node is up, it would run the pods that cluster
     tests drive by hand. The Kueue tests run last: their box has a node of its own, and only one node's
     kube-proxy may run on a host, so the session box's node is stopped for them (tests/kueue/conftest.py).
-    A stable sort keeps every other order as collected."""
-    items.sort(key=lambda item: ("/kueue/" in f"/{item.nodeid}", "node" in getattr(item, "fixturenames", ())))
+    A stable sort keeps every other order as collected.
+
+    Under pytest-xdist with two workers or more (``make test``), the same order holds within each of the two
+    box groups, which run side by side on workers of their own (tests/workers.py)."""
+    if not workers.split(config):
+        items.sort(key=workers.start_order)
+        return
+    rank = {workers.E2E: 0, workers.BOX: 1, None: 2}
+    items.sort(key=lambda item: (rank[workers.box_group(item)], *workers.start_order(item)))
+    for item in items:
+        if group := workers.box_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def stop_session_node() -> None:

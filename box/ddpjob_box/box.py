@@ -93,11 +93,17 @@ class Box:
         return KUEUE_SLOTS if self.with_kueue else DEFAULT_SLOTS
 
     def start_node(
-        self, *, images: Sequence[str] = (), taints: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS
+        self,
+        *,
+        images: Sequence[str] = (),
+        taints: tuple[str, ...] = (),
+        slots: int = DEFAULT_SLOTS,
+        proxy: bool = True,
     ) -> KubeletNode:
         """Start the box's node on first use: kubelet, containerd and runc, running the local base image and
         ``images`` (built locally, imported into its containerd), and only pods that tolerate ``taints``.
-        It advertises ``slots`` of SLOT_RESOURCE, an extended resource for scheduling tests (not a GPU)."""
+        It advertises ``slots`` of SLOT_RESOURCE, an extended resource for scheduling tests (not a GPU).
+        ``proxy`` False: no kube-proxy, so no ClusterIP Service works, and another box's node may run one."""
         assert self.plane is not None
         if self.node is None:
             node = KubeletNode(
@@ -111,6 +117,7 @@ class Box:
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
                 extended_resources={SLOT_RESOURCE: slots},
+                with_proxy=proxy,
             )
             self.nodes_started += 1
             node.start()

@@ -272,6 +272,7 @@ def _comm(pid: int) -> str:
 
 
 @pytest.mark.cluster
+@pytest.mark.kubelet  # ``cluster up`` starts a node
 @pytest.mark.timeout(COLD_NODE_SECONDS + 300)
 def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)
@@ -284,6 +285,7 @@ def test_ctrl_c_on_cluster_up_leaves_no_process_behind_not_even_a_pods(box_data_
 
 
 @pytest.mark.cluster
+@pytest.mark.kubelet  # ``cluster up`` starts a node
 @pytest.mark.timeout(COLD_NODE_SECONDS + 300)
 def test_killing_cluster_up_outright_still_takes_its_components_down(box_data_dir: Path) -> None:
     proc = _start_cluster_up(box_data_dir)

@@ -12,8 +12,9 @@ import pytest
 from ddpjob_box import toolchain
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.operator_process import OperatorProcess
+from tests import workers
 from tests.chart.helm import wait_established
-from tests.conftest import Cluster
+from tests.conftest import Cluster, start_session_node
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "helm" / "ddpjob" / "crds" / "ddpjob.yaml"
@@ -31,6 +32,14 @@ class Kubectl:
         if check and proc.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}", pytrace=False)
         return proc
+
+
+@pytest.fixture(scope="session")
+def node(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[KubeletNode]:
+    """The box's node (tests/conftest.py). Run side by side with the chart's and Kueue's tests (make test), it
+    has no kube-proxy, which only one node on a host may run: no test here uses a ClusterIP Service."""
+    with workers.host_lock(request.config, exclusive=False):
+        yield start_session_node(cluster, proxy=not workers.split(request.config))
 
 
 @pytest.fixture(scope="session")

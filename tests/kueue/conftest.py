@@ -21,6 +21,7 @@ import pytest
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kueue import Kueue
+from tests import workers
 from tests.conftest import stop_session_node
 from tests.e2e.conftest import Kubectl
 
@@ -40,13 +41,13 @@ class KueueCluster:
 
 
 @pytest.fixture(scope="package")
-def kueue_cluster() -> Iterator[KueueCluster]:
+def kueue_cluster(request: pytest.FixtureRequest) -> Iterator[KueueCluster]:
     """The box with its node and Kueue (a cold run builds Kueue's image first); stopped even when a test fails."""
     global _BOX
     if os.geteuid() != 0:
         pytest.skip("the box's node, which runs Kueue, needs root")
     stop_session_node()  # these tests run last (tests/conftest.py): no later test needs that node
-    with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
+    with workers.host_lock(request.config, exclusive=False), tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
         box = Box(data_dir=Path(tmp) / "box", with_kueue=True, with_prometheus=False)
         started = time.monotonic()
         try:

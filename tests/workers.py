@@ -1,0 +1,74 @@
+"""How ``make test``'s pytest-xdist workers share one host (``-n 3 --dist loadgroup``).
+
+Most of the suite waits on a box, so it runs as two box groups side by side, each on a worker with a box of its own,
+while a third worker takes the tests that need no box:
+
+- ``e2e``: the tests that compare the host before and after a node (``kubelet``-marked), then the e2e tests on
+  the box's node. None of those uses a ClusterIP Service, so that node runs without kube-proxy: a host takes one
+  kube-proxy at a time (its Service rules are host-wide), and the other group needs it.
+- ``box``: the tests that need only the control plane (no node may run there yet: it would run the pods those
+  tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images), then
+  the Kueue tests, whose own box stops that node first.
+
+A node of one group changes the host (iptables chains, network namespaces, CNI files) while the other group's
+``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
+every session node holds it shared: a node waits for them, and they wait for the nodes. Without xdist, or with
+fewer than two workers, the suite runs in one process in the order ``tests/conftest.py`` gives, with no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+E2E, BOX = "e2e", "box"
+RUN_ENV = "DDPJOB_TEST_RUN"
+"""Set by the controlling pytest process: the lock file its workers share."""
+
+
+def split(config: pytest.Config) -> bool:
+    """Whether the box groups run on workers of their own (xdist, two workers or more)."""
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    return int(workers) >= 2
+
+
+def box_group(item: pytest.Item) -> str | None:
+    """The box group a test runs in, or None for a test that needs no box of the session's."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("kubelet") and "/kueue/" not in f"/{item.nodeid}":
+        return E2E
+    if "node" in fixtures and item.nodeid.startswith("tests/e2e/"):
+        return E2E
+    if "node" in fixtures or "/kueue/" in f"/{item.nodeid}" or fixtures & {"cluster", "api_client"}:
+        return BOX
+    return None
+
+
+def start_order(item: pytest.Item) -> tuple[bool, bool]:
+    """Within a worker: what needs no node first, then the session node's tests, then Kueue's."""
+    return "/kueue/" in f"/{item.nodeid}", "node" in getattr(item, "fixturenames", ())
+
+
+def lock_path() -> Path | None:
+    run = os.environ.get(RUN_ENV)
+    return Path("/tmp") / f"ddpjob-tests-{run}.host.lock" if run else None
+
+
+@contextlib.contextmanager
+def host_lock(config: pytest.Config, *, exclusive: bool) -> Iterator[None]:
+    """Held while a node runs (shared) or while a test compares the host (exclusive); a no-op unless split."""
+    path = lock_path()
+    if not split(config) or path is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
