@@ -8,7 +8,7 @@ export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
 export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
 PYTEST_ARGS ?=
 # Three workers: each box group on one, with a box of its own, and the tests that need no box (tests/workers.py).
-PYTEST_WORKERS ?= -n 3 --dist loadgroup
+PYTEST_WORKERS ?= -n 3
 # The Go toolchain's usual home, for shells that do not have it on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 

@@ -37,8 +37,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and (path := workers.lock_path()) is not None:
-        path.unlink(missing_ok=True)
+    if not hasattr(config, "workerinput"):
+        for path in (workers.lock_path(), workers.run_file("groups.json")):
+            if path is not None:
+                path.unlink(missing_ok=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -177,7 +179,6 @@ def pytest_runtest_makereport(
     return report
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need no node run first: once the box's node is up, it would run the pods that cluster
     tests drive by hand. The Kueue tests run last: their box has a node of its own, and only one node's
@@ -191,9 +192,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     rank = {workers.E2E: 0, workers.BOX: 1, None: 2}
     items.sort(key=lambda item: (rank[workers.box_group(item)], *workers.start_order(item)))
-    for item in items:
-        if group := workers.box_group(item):
-            item.add_marker(pytest.mark.xdist_group(group))
+    workers.write_groups(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return workers.make_scheduler(config, log)
 
 
 def stop_session_node() -> None:

@@ -1,4 +1,4 @@
-"""How ``make test``'s pytest-xdist workers share one host (``-n 3 --dist loadgroup``).
+"""How ``make test``'s pytest-xdist workers share one host (``-n 3``).
 
 Most of the suite waits on a box, so it runs as two box groups side by side, each on a worker with a box of its own,
 while a third worker takes the tests that need no box:
@@ -14,15 +14,21 @@ A node of one group changes the host (iptables chains, network namespaces, CNI f
 ``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
 every session node holds it shared: a node waits for them, and they wait for the nodes. Without xdist, or with
 fewer than two workers, the suite runs in one process in the order ``tests/conftest.py`` gives, with no lock.
+
+Each group is one unit of work for xdist's scope scheduler (``GroupScheduling``): the workers write which group
+each test is in when they collect, as only they see the tests' markers and fixtures, and the controlling
+process reads it. (xdist's own ``--dist loadgroup`` renames the tests, which pytest 9.2's node ids ignore.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,9 +60,43 @@ def start_order(item: pytest.Item) -> tuple[bool, bool]:
     return "/kueue/" in f"/{item.nodeid}", "node" in getattr(item, "fixturenames", ())
 
 
-def lock_path() -> Path | None:
+def run_file(suffix: str) -> Path | None:
+    """A file of this run's, shared by its workers; None outside ``make test``'s controlling process' run."""
     run = os.environ.get(RUN_ENV)
-    return Path("/tmp") / f"ddpjob-tests-{run}.host.lock" if run else None
+    return Path("/tmp") / f"ddpjob-tests-{run}.{suffix}" if run else None
+
+
+def lock_path() -> Path | None:
+    return run_file("host.lock")
+
+
+def write_groups(items: Sequence[pytest.Item]) -> None:
+    """The box group of each test that has one, for the controlling process's scheduler (every worker writes
+    the same)."""
+    path = run_file("groups.json")
+    if path is None:
+        return
+    groups = {item.nodeid: group for item in items if (group := box_group(item))}
+    partial = path.with_suffix(f".{os.getpid()}")
+    partial.write_text(json.dumps(groups))
+    partial.replace(path)
+
+
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler, with a box group as the scope of its tests and each other test a scope alone.
+    Scopes go out in collection order, the first to each worker; a worker gets another only when nearly done."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                path = run_file("groups.json")
+                self.groups = json.loads(path.read_text()) if path and path.exists() else {}
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @contextlib.contextmanager
