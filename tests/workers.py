@@ -7,8 +7,9 @@ while a third worker takes the tests that need no box:
   the box's node. None of those uses a ClusterIP Service, so that node runs without kube-proxy: a host takes one
   kube-proxy at a time (its Service rules are host-wide), and the other group needs it.
 - ``box``: the tests that need only the control plane (no node may run there yet: it would run the pods those
-  tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images), then
-  the Kueue tests, whose own box stops that node first.
+  tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images) and
+  the placement tests (``PLACEMENT``: gang scheduling and preemption, which need no kube-proxy but balance the
+  two groups), then the Kueue tests, whose own box stops that node first.
 
 A node of one group changes the host (iptables chains, network namespaces, CNI files) while the other group's
 ``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
@@ -33,6 +34,8 @@ from typing import Any
 import pytest
 
 E2E, BOX = "e2e", "box"
+PLACEMENT = "tests/e2e/test_gang.py"
+"""E2E tests that run in the box group, beside Kueue's (about 3 minutes: the groups then take about as long)."""
 RUN_ENV = "DDPJOB_TEST_RUN"
 """Set by the controlling pytest process: the lock file its workers share."""
 
@@ -48,7 +51,7 @@ def box_group(item: pytest.Item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("kubelet") and "/kueue/" not in f"/{item.nodeid}":
         return E2E
-    if "node" in fixtures and item.nodeid.startswith("tests/e2e/"):
+    if "node" in fixtures and item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(PLACEMENT):
         return E2E
     if "node" in fixtures or "/kueue/" in f"/{item.nodeid}" or fixtures & {"cluster", "api_client"}:
         return BOX
