@@ -303,11 +303,10 @@ def _over_training(
     first, last = training
     if last <= first:
         return  # one scrape saw the whole training: no rate to draw
-    whole = f"{max(1, math.ceil(span.seconds))}s"
+    whole = _whole(span)
 
     def gained(metric: str) -> str:
-        seen = f"({metric}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s]"
-        return f"(max_over_time({metric}{{{sel}}}[{whole}]) - min_over_time({seen}))"
+        return f"(max_over_time({metric}{{{sel}}}[{whole}]) - {_first_seen(metric, sel, whole, scrape_seconds)})"
 
     step = names.STEP_SECONDS
     per_step = f"sum by (rank) ({gained(f'{step}_sum')}) / sum by (rank) ({gained(f'{step}_count')})"
@@ -323,12 +322,23 @@ def _over_training(
     data.rate_window = round(last - first, 1)
 
 
+def _whole(span: Span) -> str:
+    """A PromQL range over the whole span, in whole seconds."""
+    return f"{max(1, math.ceil(span.seconds))}s"
+
+
+def _first_seen(metric: str, sel: str, whole: str, scrape_seconds: float) -> str:
+    """The value at the first scrape over ``whole`` that saw it above 0, per series: the first step's scrape
+    (``_training`` and ``_over_training`` read the same one)."""
+    return f"min_over_time(({metric}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s])"
+
+
 def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[float, float] | None:
     """When the ranks' first and last steps finished, in seconds since the start (the trainer's gauge
     is 0 until its first step)."""
-    whole = f"{max(1, math.ceil(span.seconds))}s"
+    whole = _whole(span)
     last = f"max(max_over_time({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}}[{whole}]))"
-    first = f"min(min_over_time(({names.LAST_STEP_TIMESTAMP_SECONDS}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s]))"
+    first = f"min({_first_seen(names.LAST_STEP_TIMESTAMP_SECONDS, sel, whole, scrape_seconds)})"
     ends = [_prom(url, "query", q, time=span.end) for q in (first, last)]
     if not all(ends):
         return None
@@ -337,7 +347,7 @@ def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[fl
 
 def _phases(url: str, sel: str, span: Span) -> dict[str, dict[str, float]]:
     """Rank -> phase -> mean seconds per step over the whole span."""
-    whole = f"{max(1, math.ceil(span.seconds))}s"
+    whole = _whole(span)
     query = f"sum by (rank) (increase({names.STEP_SECONDS}_count{{{sel}}}[{whole}]))"
     steps = {s["metric"].get("rank", "?"): float(s["value"][1]) for s in _prom(url, "query", query, time=span.end)}
     phases: dict[str, dict[str, float]] = {}
