@@ -103,16 +103,13 @@ def start_session_node(cluster: Cluster, *, proxy: bool) -> KubeletNode:
         pytest.fail(f"the box's node did not start: {err}", pytrace=False)
 
 
-def _compares_host(node: pytest.Item | pytest.Collector | None) -> bool:
-    """A test (or module) that starts nodes of its own and checks the host is left as it found it."""
-    return node is not None and bool(node.get_closest_marker("kubelet")) and "/kueue/" not in f"/{node.nodeid}"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def host_alone_module(request: pytest.FixtureRequest) -> Iterator[None]:
     """No other worker's node runs beside a module of ``kubelet`` tests (tests/workers.py)."""
     with (
-        workers.host_lock(request.config, exclusive=True) if _compares_host(request.node) else contextlib.nullcontext()
+        workers.host_lock(request.config, exclusive=True)
+        if workers.compares_host(request.node)
+        else contextlib.nullcontext()
     ):
         yield
 
@@ -120,7 +117,7 @@ def host_alone_module(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def host_alone(request: pytest.FixtureRequest) -> Iterator[None]:
     """...nor beside a ``kubelet`` test in a module of others."""
-    alone = _compares_host(request.node) and not _compares_host(request.node.getparent(pytest.Module))
+    alone = workers.compares_host(request.node) and not workers.compares_host(request.node.getparent(pytest.Module))
     with workers.host_lock(request.config, exclusive=True) if alone else contextlib.nullcontext():
         yield
 

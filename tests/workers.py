@@ -46,21 +46,31 @@ def split(config: pytest.Config) -> bool:
     return int(workers) >= 2
 
 
+def in_kueue(node: pytest.Item | pytest.Collector) -> bool:
+    """A Kueue test (tests/kueue/): its box, with a node of its own, starts after the session's node stops."""
+    return "/kueue/" in f"/{node.nodeid}"
+
+
+def compares_host(node: pytest.Item | pytest.Collector | None) -> bool:
+    """A test (or module) that starts nodes of its own and checks the host is left as it found it."""
+    return node is not None and bool(node.get_closest_marker("kubelet")) and not in_kueue(node)
+
+
 def box_group(item: pytest.Item) -> str | None:
     """The box group a test runs in, or None for a test that needs no box of the session's."""
     fixtures = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("kubelet") and "/kueue/" not in f"/{item.nodeid}":
+    if compares_host(item):
         return E2E
     if "node" in fixtures and item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(PLACEMENT):
         return E2E
-    if "node" in fixtures or "/kueue/" in f"/{item.nodeid}" or fixtures & {"cluster", "api_client"}:
+    if "node" in fixtures or in_kueue(item) or fixtures & {"cluster", "api_client"}:
         return BOX
     return None
 
 
 def start_order(item: pytest.Item) -> tuple[bool, bool]:
     """Within a worker: what needs no node first, then the session node's tests, then Kueue's."""
-    return "/kueue/" in f"/{item.nodeid}", "node" in getattr(item, "fixturenames", ())
+    return in_kueue(item), "node" in getattr(item, "fixturenames", ())
 
 
 def run_file(suffix: str) -> Path | None:
