@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # Caches live outside the repository, keyed by version: pip downloads, Go binaries (see box/ddpjob_box/toolchain.py).
 export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
 export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
+# The venv is installed by uv, which links the packages from its cache (same filesystem) instead of unpacking them:
+# a fresh clone's venv takes seconds where pip took 1.5 minutes (torch's CUDA wheels are 5 GB unpacked).
+UV_VERSION := 0.13.9
+export UV_CACHE_DIR ?= $(DDPJOB_CACHE)/uv
 PYTEST_ARGS ?=
 # Three workers: each box group on one, with a box of its own, and the tests that need no box (tests/workers.py).
 PYTEST_WORKERS ?= -n 3
@@ -26,7 +30,8 @@ setup:
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[operator,trainer,dev]'
 	@touch $@
 
 # Debian packages the box needs: iproute2, openssl, containerd, runc and the CNI plugins for the node, buildah,
