@@ -1,4 +1,4 @@
-"""The node's containerd store, leased from the cache: one node per slot, images kept, a dirty store wiped."""
+"""The node's containerd store, leased from the cache: one node per slot, images kept, a dirty store marked."""
 
 from __future__ import annotations
 
@@ -38,16 +38,33 @@ def test_a_clean_release_keeps_the_images_for_the_next_node_and_drops_the_last_n
         again.release(clean=True)
 
 
-def test_a_store_whose_node_died_or_kept_containers_starts_afresh() -> None:
+def test_a_store_whose_node_died_keeps_its_images_and_is_leased_dirty_until_a_clean_release() -> None:
     first = store.lease()
+    assert not first.dirty
     (first.path / "io.containerd.content.v1.content").mkdir()
+    (first.path / "io.containerd.grpc.v1.cri" / "containers" / "abc").mkdir(parents=True)
     first.release(clean=False)  # what a killed node amounts to: the lock goes with the process, the mark stays
     again = store.lease()
     try:
-        assert again.path == first.path
-        assert list(again.path.iterdir()) == [again.path / store.IN_USE]
+        assert (again.path, again.dirty) == (first.path, True)
+        assert (again.path / "io.containerd.content.v1.content").is_dir(), "its images stand"
+        again.drop_cri_state()  # the node removed the dead node's containers
+        assert not (again.path / "io.containerd.grpc.v1.cri" / "containers").exists()
     finally:
         again.release(clean=True)
+    after = store.lease()
+    after.release(clean=True)
+    assert not after.dirty
+
+
+def test_a_dirty_store_whose_containers_cannot_be_removed_is_wiped() -> None:
+    lease = store.lease()
+    try:
+        (lease.path / "io.containerd.content.v1.content").mkdir()
+        lease.wipe()
+        assert list(lease.path.iterdir()) == [lease.path / store.IN_USE]
+    finally:
+        lease.release(clean=True)
 
 
 def test_when_every_slot_is_taken_the_error_says_what_to_stop() -> None:

@@ -150,6 +150,8 @@ class KubeletNode:
             if self.with_dns:
                 self._start_coredns(bins["coredns"])
             self._start_containerd()
+            if self.lease.dirty:
+                self._purge_store()
             for image in dict.fromkeys([self.sandbox_image, *self.images]):
                 self.importer(image, self.layout.containerd_socket)
             self._write_cni()
@@ -215,6 +217,18 @@ class KubeletNode:
             30,
             watch=[self.containerd],
         )
+
+    def _purge_store(self) -> None:
+        """Remove the containers a killed node left in the leased store, keeping its images, and start
+        containerd again without their CRI state; wipe the store if they cannot all be removed."""
+        assert self.containerd is not None and self.lease is not None
+        purged = remove_containers(self.layout.containerd_socket)
+        self.containerd.stop()
+        if purged:
+            self.lease.drop_cri_state()
+        else:
+            self.lease.wipe()
+        self._start_containerd()
 
     def _write_cni(self) -> None:
         layout = self.layout
@@ -455,7 +469,7 @@ def recover(directory: Path) -> bool:
         return False
     data = json.loads(record.read_text())
     before = hoststate.HostState(**data["before"])
-    # The store keeps its .in-use mark (its containers were never removed): the next lease starts it afresh.
+    # The store keeps its .in-use mark (its containers were never removed): the next node to lease it removes them.
     layout = NodeLayout(directory, Path(data.get("store", directory / "containerd" / "root")))
     kill_pods(before, layout.containerd_socket)
     _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))

@@ -6,8 +6,11 @@ node at a time per slot (an exclusive ``flock`` held while the node runs), the f
 and a second node running beside the first (two nodes on one host) takes the next.
 
 What a store keeps between nodes is images only. A node purges its containers before it lets the
-store go (``NodeLease.release(clean=True)``); a node that died before that leaves its ``.in-use``
-mark, and the next lease of that slot starts the store afresh rather than trust what is in it.
+store go (``StoreLease.release(clean=True)``). A node that died before that leaves its ``.in-use``
+mark, and the next lease of that slot is ``dirty``: the node that takes it removes the dead node's
+containers before its kubelet starts, and wipes the store only if they cannot all be removed. Wiping it
+every time cost the next node a full import of the trainer, about 2 minutes (the suite kills nodes on
+purpose: every later node paid it).
 """
 
 from __future__ import annotations
@@ -37,18 +40,30 @@ class StoreLease:
 
     path: Path
     lock: IO[str]
+    # The last node to use it died, or kept containers: its images stand, its containers must go before use.
+    dirty: bool = False
+
+    def drop_cri_state(self) -> None:
+        """Remove the last node's sandbox and container files (containerd stopped, its containers removed)."""
+        for sub in CRI_STATE:
+            shutil.rmtree(self.path / sub, ignore_errors=True)
+
+    def wipe(self) -> None:
+        """Empty the store (containerd stopped): the node then imports its images afresh."""
+        shutil.rmtree(self.path)
+        self.path.mkdir()
+        (self.path / IN_USE).touch()
 
     def release(self, *, clean: bool) -> None:
         """Let the slot go; ``clean`` says the node removed every container, so the next node may reuse it."""
         if clean:
-            for sub in CRI_STATE:
-                shutil.rmtree(self.path / sub, ignore_errors=True)
+            self.drop_cri_state()
             (self.path / IN_USE).unlink(missing_ok=True)
         self.lock.close()
 
 
 def lease(slots: int = SLOTS) -> StoreLease:
-    """The first free slot, wiped first when the last node to use it did not clean up."""
+    """The first free slot, ``dirty`` when the last node to use it did not clean up."""
     root = stores_dir()
     root.mkdir(parents=True, exist_ok=True)
     for slot in range(slots):
@@ -59,11 +74,10 @@ def lease(slots: int = SLOTS) -> StoreLease:
             lock.close()
             continue
         path = root / str(slot)
-        if (path / IN_USE).exists():
-            shutil.rmtree(path)
+        dirty = (path / IN_USE).exists()
         path.mkdir(exist_ok=True)
         (path / IN_USE).touch()
-        return StoreLease(path, lock)
+        return StoreLease(path, lock, dirty=dirty)
     raise BoxError(
         f"all {slots} containerd stores under {root} are in use by running nodes; stop a box (ddpjob cluster down)"
     )
