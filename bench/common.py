@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,12 +114,15 @@ def run_child(argv: Sequence[str], *, env: Mapping[str, str] | None = None, time
     child_env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *(p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     )
-    try:
-        done = subprocess.run(
-            list(argv), env=child_env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{' '.join(argv)} ran past {timeout:.0f}s") from None
+    # torchrun leaves its log directory (torchelastic_*) in the temporary directory: this run's own, removed after.
+    with tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as scratch:
+        child_env["TMPDIR"] = scratch
+        try:
+            done = subprocess.run(
+                list(argv), env=child_env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{' '.join(argv)} ran past {timeout:.0f}s") from None
     output = done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not lines:

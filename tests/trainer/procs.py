@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -71,12 +72,14 @@ class Done:
 class Procs:
     """Processes started in their own session, so each can be killed with whatever it started."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Path) -> None:
         self.procs: list[subprocess.Popen[str]] = []
+        # their TMPDIR: torchrun leaves its log directory (torchelastic_*) there
+        self.scratch = scratch
 
     def start(self, args: Sequence[str], env: Mapping[str, str], cwd: Path = REPO) -> subprocess.Popen[str]:
         p = subprocess.Popen(
-            list(args), env=dict(env), cwd=cwd, text=True,
+            list(args), env={**env, "TMPDIR": str(self.scratch)}, cwd=cwd, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         self.procs.append(p)
@@ -105,11 +108,12 @@ class Procs:
 
 @contextmanager
 def processes() -> Iterator[Procs]:
-    procs = Procs()
-    try:
-        yield procs
-    finally:
-        procs.kill_all()
+    with tempfile.TemporaryDirectory(prefix="ddpjob-procs-") as scratch:
+        procs = Procs(Path(scratch))
+        try:
+            yield procs
+        finally:
+            procs.kill_all()
 
 
 def trainer(*args: str) -> list[str]:
