@@ -6,6 +6,8 @@ rest, so a permanent error must stay below 128 and anything a restart can fix mu
 
 from __future__ import annotations
 
+import re
+
 SIGNAL_EXIT_BASE = 128
 """128 + N: killed by signal N. Retried by the ExitCode policy, as is anything above."""
 EXIT_OK = 0
@@ -32,3 +34,21 @@ SUMMARY_STEP_SECONDS = "step_seconds_mean"
 """Mean wall time of a step, the warm-up left out (absent when the run was not timed)."""
 SUMMARY_SAMPLES_PER_SECOND = "samples_per_second"
 """This process's samples per second over the same steps (absent when the run was not timed)."""
+
+
+def stopped_message(step: int, signal_name: str) -> str:
+    """The exit message of a rank that exited ``EXIT_SIGTERM`` after its gang saved the checkpoint of ``step``;
+    ``signal_name`` is empty for a rank that stopped because a peer was asked to."""
+    why = f"on {signal_name}" if signal_name else "with a peer that was asked to stop"
+    return f"stopped {why} at step {step}, after saving its checkpoint"
+
+
+_STOPPED = re.compile(
+    r"stopped (?:on [A-Z]+|with a peer that was asked to stop) at step (\d+), after saving its checkpoint"
+)
+
+
+def stopped_step(message: str) -> int | None:
+    """The step whose checkpoint a stopped rank's exit message says was saved (``stopped_message``), or None."""
+    found = _STOPPED.fullmatch(message.strip())
+    return int(found.group(1)) if found else None

@@ -91,6 +91,12 @@ class Pods(Protocol):
         """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
         ...
 
+    def stopped(self, key: Key) -> list[dict[str, Any]]:
+        """The final state of the job's newest deleted pod that stopped after saving a checkpoint ([]: none)."""
+        ...
+
+    def forget(self, key: Key) -> None: ...
+
 
 class Progress(Protocol):
     """What a reconcile needs from the poller: the scrapes taken so far, and where to poll next."""
@@ -283,6 +289,7 @@ class Controller:
         self._refused.pop(key, None)
         self._failed_creates.pop(key, None)
         self._progress.track(key, 0, (), 0.0)
+        self._pods.forget(key)
 
     def _plan(self, key: Key, body: dict[str, Any], old: JobStatus, now: datetime) -> tuple[Job | None, Plan]:
         try:
@@ -292,11 +299,12 @@ class Controller:
         scrapes = self._progress.scrapes(key)
         refused = self._refused.get(key, "")
         queued = self._queueing(key, job)
+        stopped = [pod_view(p, job.spec.trainer_container) for p in self._pods.stopped(key)]
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
             return plan(job, old, views, now, scrapes, refused=refused, failed_create=self._failed_creates.get(key, ""),
-                        pod_groups=self.pod_groups, queued=queued)  # fmt: skip
+                        pod_groups=self.pod_groups, queued=queued, stopped=stopped)  # fmt: skip
 
         watched = self._pods.pods(key)
         the_plan = plan_from(watched if watched is not None else self._api.list_pods(*key))

@@ -1,4 +1,5 @@
-"""Pure: the figures a finished run's ranks left in their exit messages (termination messages).
+"""Pure: the figures a finished run's ranks left in their exit messages (termination messages), and the
+checkpoint a stopped gang saved on its way out.
 
 The polls of /metrics stop when the pods end, so the last poll is up to a poll interval (and a
 rate window) behind the end: a status built from polls alone showed step 427 of 500. Each rank
@@ -9,13 +10,14 @@ rank has, these replace the polled figures with the run's own final ones.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from ddpjob_contract import exits
-from ddpjob_operator.progress import ProgressStatus, RankProgress
+from ddpjob_operator.progress import Checkpoint, ProgressStatus, RankProgress
 from ddpjob_operator.status import PodView
+from ddpjob_operator.times import to_time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,3 +85,17 @@ def final_progress(
             for rank, s in sorted(found.items())
         ),
     )
+
+
+def stopped_checkpoint(pods: Iterable[PodView], known: Checkpoint | None) -> Checkpoint | None:
+    """The checkpoint a gang saved as it stopped (a suspend, a preemption), from a rank's exit message
+    (``exits.stopped_step``), or ``known`` if that is not newer. The ranks exit right after the save, before a
+    poll of their metrics can see it. Its time is the rank's exit, just after the save; its save time is the last
+    one measured (the same model to the same storage), which the next attempt's grace period is sized from."""
+    best = known
+    for pod in pods:
+        step = exits.stopped_step(pod.message) if pod.exit_code == exits.EXIT_SIGTERM else None
+        if step is not None and (best is None or step > best.step):
+            measured = best.save_seconds if best else None
+            best = Checkpoint(step=step, time=to_time(pod.finished_at), save_seconds=measured)
+    return best

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import progress, progress_fold, queueing
+from ddpjob_operator import exit_messages, progress, progress_fold, queueing
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.policies import (
@@ -168,6 +168,7 @@ def plan(
     failed_create: str = "",
     pod_groups: bool = False,
     queued: queueing.Queueing = queueing.NOT_QUEUED,
+    stopped: Sequence[PodView] = (),
 ) -> Plan:
     """Observe once, let the first policy that changes something decide the transition, apply it, and
     plan the pods for the status that results.
@@ -176,8 +177,11 @@ def plan(
     ignored. ``refused``: why the apiserver refused a pod of this job as invalid, if it did; ``failed_create``:
     why creating one failed otherwise (it is retried).
     ``pod_groups``: whether the cluster serves PodGroups (gang scheduling). ``queued``: what Kueue says of the
-    job's Workload (``queueing.NOT_QUEUED`` for a job without the queue-name label).
+    job's Workload (``queueing.NOT_QUEUED`` for a job without the queue-name label). ``stopped``: the final
+    state of deleted pods that stopped after saving a checkpoint (``podcache.PodIndex.stopped``).
     """
+    saved = exit_messages.stopped_checkpoint([*pods, *stopped], old.last_checkpoint)
+    old = replace(old, last_checkpoint=saved)
     the_plan = _plan(job, old, pods, now, scrapes, (refused, failed_create), pod_groups, queued)
     return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now))
 

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from ddpjob_contract import exits
 from ddpjob_contract.pods import LABEL_JOB_NAME
 from ddpjob_operator.api import Key
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch
@@ -79,16 +80,43 @@ def job_key(pod: Mapping[str, Any]) -> Key | None:
     return (str(meta.get("namespace", "")), str(job)) if job else None
 
 
+def _stopped_step(pod: Mapping[str, Any]) -> int | None:
+    """The step a container of the pod saved as it stopped, by its exit message (``exits.stopped_step``)."""
+    steps = [
+        exits.stopped_step(str(terminated.get("message") or ""))
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []
+        if isinstance(terminated := (cs.get("state") or {}).get("terminated"), Mapping)
+        and terminated.get("exitCode") == exits.EXIT_SIGTERM
+    ]
+    return max((step for step in steps if step is not None), default=None)
+
+
 class PodIndex:
-    """Each job's pods by name, slimmed (``slim``). Thread-safe; no I/O."""
+    """Each job's pods by name, slimmed (``slim``), and the last words of the newest pod that stopped after
+    saving a checkpoint (``stopped``). Thread-safe; no I/O."""
 
     def __init__(self) -> None:
         self._jobs: dict[Key, dict[str, Pod]] = {}
+        self._stopped: dict[Key, tuple[int, Pod]] = {}
         self._lock = threading.Lock()
 
     def pods(self, key: Key) -> list[Pod]:
         with self._lock:
             return list(self._jobs.get(key, {}).values())
+
+    def stopped(self, key: Key) -> list[Pod]:
+        """The final state of the job's deleted pod that stopped at the newest step after saving it (none: []).
+
+        A gang asked to stop (a suspend, a preemption) saves, then exits at once, and its pods are deleted a
+        moment later: the status can name that checkpoint only from the pod's final state, which the watch
+        delivers with its deletion."""
+        with self._lock:
+            return [self._stopped[key][1]] if key in self._stopped else []
+
+    def forget(self, key: Key) -> None:
+        """The job is gone."""
+        with self._lock:
+            self._stopped.pop(key, None)
 
     def apply(self, kind: str, pod: Pod) -> Key | None:
         """A watch event (ADDED, MODIFIED or DELETED); returns the job it concerns if what reconciles
@@ -105,8 +133,12 @@ class PodIndex:
                 fresh = slim(pod)
                 changed = not _same(known, fresh)
                 pods[meta["name"]] = fresh
-            elif _uid(known) == meta.get("uid"):  # not a newer pod of the same name
-                del pods[meta["name"]]
+            else:
+                if _uid(known) == meta.get("uid"):  # not a newer pod of the same name
+                    del pods[meta["name"]]
+                step = _stopped_step(pod)
+                if step is not None and step >= self._stopped.get(key, (-1, {}))[0]:
+                    self._stopped[key] = (step, slim(pod))
             if not pods:
                 del self._jobs[key]
         return key if changed else None
@@ -171,6 +203,13 @@ class PodCache(ListWatch):
     def created(self, pod: Pod) -> None:
         """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
         self.index.created(pod)
+
+    def stopped(self, key: Key) -> list[Pod]:
+        """``PodIndex.stopped``."""
+        return self.index.stopped(key)
+
+    def forget(self, key: Key) -> None:
+        self.index.forget(key)
 
     def _list(self, namespace: str) -> str:
         items, version = self._kube.list_managed_pods(namespace)

@@ -143,6 +143,12 @@ class FakeCache:
     def created(self, pod: dict[str, Any]) -> None:
         self.index.created(pod)
 
+    def stopped(self, key: Key) -> list[dict[str, Any]]:
+        return self.index.stopped(key)
+
+    def forget(self, key: Key) -> None:
+        self.index.forget(key)
+
 
 @pytest.fixture
 def creates() -> Iterator[Executor]:

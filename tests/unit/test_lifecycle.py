@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract import exits
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.api import Job
 from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
-from ddpjob_operator.progress import REFUSED, WINDOW_SECONDS, RankSample, Scrape
+from ddpjob_operator.progress import REFUSED, WINDOW_SECONDS, Checkpoint, RankSample, Scrape
 from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
 from ddpjob_operator.times import from_time
 
@@ -371,6 +372,29 @@ def test_suspending_deletes_the_pods_and_resuming_starts_a_new_attempt() -> None
     assert c.attempts() == {1} and len(c.pods) == 2
     assert c.status.start_time == c.now
     assert c.condition("Suspended")[:2] == (False, "Resumed")
+
+
+def test_a_suspended_gangs_stop_checkpoint_is_named_from_its_deleted_pods_last_words() -> None:
+    """The ranks save, exit 143 and are deleted before a poll can see the save: the deleted pod's final state
+    (``podcache.PodIndex.stopped``) names it, and the last measured save time stays for the next grace period."""
+    c = running(2)
+    c.status = replace(c.status, last_checkpoint=Checkpoint(step=40, save_seconds=0.8))
+    suspended(c, True)
+    c.settle()
+    assert c.status.phase is Phase.SUSPENDED and c.status.last_checkpoint == Checkpoint(step=40, save_seconds=0.8)
+    last_words = replace(
+        pod(c.job, 1, 0),
+        exit_code=143,
+        message=exits.stopped_message(57, ""),
+        finished_at="2026-01-01T00:00:09Z",
+    )
+    p = plan(c.job, c.status, [], c.now, stopped=[last_words])
+    assert p.status.last_checkpoint == Checkpoint(step=57, time=T0 + timedelta(seconds=9), save_seconds=0.8)
+    older = replace(last_words, message=exits.stopped_message(30, "SIGTERM"))
+    assert plan(c.job, p.status, [], c.now, stopped=[older]).status.last_checkpoint == p.status.last_checkpoint
+    failed = replace(last_words, exit_code=137)
+    kept = plan(c.job, c.status, [], c.now, stopped=[failed]).status.last_checkpoint
+    assert kept == Checkpoint(step=40, save_seconds=0.8), "a rank that did not stop after saving names nothing"
 
 
 def test_a_job_created_suspended_creates_no_pod() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ddpjob_contract import exits
 from ddpjob_contract.pods import (
     ANNOTATION_SPEC_HASH,
     LABEL_ATTEMPT,
@@ -49,6 +50,30 @@ def test_the_late_deletion_of_an_older_pod_does_not_remove_the_newer_pod_of_the_
     index.created(pod("train-0", "new"))  # our POST answered before the watch told of the old one's end
     index.apply("DELETED", pod("train-0", "old"))
     assert names(index) == [("train-0", "new")]
+
+
+def stopped_pod(name: str, uid: str, message: str, code: int = 143) -> dict[str, Any]:
+    body = pod(name, uid, phase="Failed")
+    terminated = {"exitCode": code, "message": message, "finishedAt": "2026-01-01T00:00:09Z"}
+    body["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
+    return body
+
+
+def test_the_deletion_of_a_pod_that_stopped_after_saving_keeps_its_last_words_until_a_newer_one() -> None:
+    index = PodIndex()
+    key = ("ns", "train")
+    index.apply("ADDED", pod("train-0", "a"))
+    index.apply("DELETED", stopped_pod("train-0", "a", exits.stopped_message(57, "SIGTERM")))
+    assert index.pods(key) == []
+    (kept,) = index.stopped(key)
+    assert pod_view(kept, "trainer").message == exits.stopped_message(57, "SIGTERM")
+    index.apply("DELETED", stopped_pod("train-1", "b", exits.stopped_message(30, "")))  # an older stop's, late
+    index.apply("DELETED", stopped_pod("train-2", "c", "lost a peer", code=200))
+    assert [p["metadata"]["uid"] for p in index.stopped(key)] == ["a"]
+    index.apply("DELETED", stopped_pod("train-0", "d", exits.stopped_message(90, "")))
+    assert [p["metadata"]["uid"] for p in index.stopped(key)] == ["d"]
+    index.forget(key)
+    assert index.stopped(key) == []
 
 
 def test_a_pod_without_the_job_label_is_ignored() -> None:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from ddpjob_contract import exits
+
 
 class PermanentError(Exception):
     """A problem the user must fix; the message is one line naming the option or file and the fix."""
@@ -27,6 +29,5 @@ class Stopped(Exception):
     """Every rank stopped at ``step`` on a signal, after that step's checkpoint was saved: ``EXIT_SIGTERM``."""
 
     def __init__(self, step: int, signal_name: str) -> None:
-        why = f"on {signal_name}" if signal_name else "with a peer that was asked to stop"
-        super().__init__(f"stopped {why} at step {step}, after saving its checkpoint")
+        super().__init__(exits.stopped_message(step, signal_name))
         self.step = step
