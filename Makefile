@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 export DDPJOB_CACHE ?= $(HOME)/.cache/ddpjob
 export PIP_CACHE_DIR ?= $(DDPJOB_CACHE)/pip
 # The venv is installed by uv, which links the packages from its cache (same filesystem) instead of unpacking them:
-# a fresh clone's venv takes seconds where pip took 1.5 minutes (torch's CUDA wheels are 5 GB unpacked).
+# a fresh clone's venv takes about 25 s where pip took 1.5 minutes (torch's CUDA wheels are 5 GB unpacked). It compiles
+# the bytecode as pip does: without it, every process paid about 1.2 s more to import torch (2.9 s, not 1.7 s).
 UV_VERSION := 0.13.9
 export UV_CACHE_DIR ?= $(DDPJOB_CACHE)/uv
 PYTEST_ARGS ?=
@@ -31,7 +32,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[operator,trainer,dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[operator,trainer,dev]'
 	@touch $@
 
 # Debian packages the box needs: iproute2, openssl, containerd, runc and the CNI plugins for the node, buildah,
