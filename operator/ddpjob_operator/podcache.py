@@ -46,8 +46,8 @@ _KEPT_CONDITIONS = ("PodScheduled", "DisruptionTarget")
 
 def slim(pod: Mapping[str, Any]) -> Pod:
     """What reconciles read of a pod (``status.pod_view``). The rest of the body (managedFields, the
-    containers, the other conditions and every condition's timestamps) is most of its size, and
-    changes of it alone need no reconcile."""
+    containers but for their restart rules, the other conditions and every condition's timestamps) is most of its
+    size, and changes of it alone need no reconcile."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
@@ -59,11 +59,15 @@ def slim(pod: Mapping[str, Any]) -> Pod:
     ]
     if conditions:
         kept["conditions"] = conditions
-    return {
-        "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
-        "spec": {"nodeName": node} if node else {},
-        "status": kept,
-    }
+    spec: Pod = {"nodeName": node} if node else {}
+    rules = [
+        {"name": c.get("name"), "restartPolicyRules": c["restartPolicyRules"]}
+        for c in (pod.get("spec") or {}).get("containers") or []
+        if isinstance(c, Mapping) and c.get("restartPolicyRules")
+    ]
+    if rules:
+        spec["containers"] = rules  # whether its kubelet restarts it in place (``status.pod_view``)
+    return {"metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta}, "spec": spec, "status": kept}
 
 
 def _same(a: Pod | None, b: Pod) -> bool:

@@ -107,7 +107,11 @@ def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
     whole["metadata"] |= {"annotations": {ANNOTATION_SPEC_HASH: "h"}, "managedFields": [{"manager": "x"}],
                           "deletionTimestamp": "2026-11-23T00:00:00Z"}  # fmt: skip
     whole["metadata"]["labels"] |= {LABEL_RANK: "0", LABEL_ATTEMPT: "2"}
-    whole["spec"] = {"nodeName": "node-1", "containers": [{"name": "trainer", "image": "i", "args": ["x"] * 100}]}
+    rules = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [200]}}]
+    whole["spec"] = {"nodeName": "node-1", "containers": [
+        {"name": "trainer", "image": "i", "args": ["x"] * 100, "restartPolicyRules": rules},
+        {"name": "sidecar", "image": "i"},
+    ]}  # fmt: skip
     whole["status"] = {
         "phase": "Failed",
         "podIP": "10.0.0.1",
@@ -125,8 +129,10 @@ def test_a_slim_pod_reads_the_same_as_the_whole_pod() -> None:
     view = pod_view(slim(whole), "trainer")
     assert view == pod_view(whole, "trainer")
     assert view.unschedulable and view.disruption, "the scheduler's words survive slimming"
+    assert view.in_place, "so does the trainer's restart rule: without it no rank is ever restarted in place"
     assert [c["type"] for c in slim(whole)["status"]["conditions"]] == ["PodScheduled", "DisruptionTarget"]
-    assert "managedFields" not in slim(whole)["metadata"] and "containers" not in slim(whole)["spec"]
+    assert "managedFields" not in slim(whole)["metadata"]
+    assert slim(whole)["spec"]["containers"] == [{"name": "trainer", "restartPolicyRules": rules}]
 
 
 def test_only_changes_that_reconciles_read_concern_the_job() -> None:
