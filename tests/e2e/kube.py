@@ -22,15 +22,20 @@ from ddpjob_box.kubenode.node import KubeletNode
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.3) -> T:
-    """Poll ``probe`` until it returns something truthy; fail the test naming ``what`` otherwise."""
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.3, seen: Callable[[], Any] = str
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail the test naming ``what`` otherwise, and what
+    ``seen`` returns then (the state the test waited on)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
+            last = seen()
+            said = f"; last seen: {last}" if last else ""
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}{said}", pytrace=False)
         time.sleep(interval)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
     assert list(row) == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "IMG/S", "STEP-TIME", "PROGRESS", "ETA",
                          "QUEUE", "AGE"]  # fmt: skip
     assert row["QUEUE"] == "", "a job without the kueue.x-k8s.io/queue-name label has nothing in QUEUE"
-    assert row["PHASE"] == "Running" and float(row["IMG/S"]) > 0 and row["STEP-TIME"].endswith("ms")
+    assert row["PHASE"] == "Running" and float(row["IMG/S"]) > 0
+    # 300ms, or 1.75s on a loaded machine (CI's): a slowed step is over 0.25 s, so its unit depends on the load
+    assert re.fullmatch(r"\d+(\.\d+)?(ms|s)", row["STEP-TIME"]), row
 
     flagged = wait_for(
         "StragglerDetected",

@@ -79,6 +79,15 @@ class Cluster:
     def log(self, pod: str) -> str:
         return self.run("logs", "-n", self.ns, pod, "-c", "trainer", check=False).stdout
 
+    def explain(self, name: str) -> str:
+        """The job's conditions, its Workload's and its Events, in full: for a failed assertion's message."""
+        events = self.run("get", "events", "-n", self.ns, "--field-selector", f"involvedObject.name={name}",
+                          "--sort-by=.lastTimestamp", check=False).stdout  # fmt: skip
+        workloads = self.run("get", WORKLOADS, "-n", self.ns, "-o", "json", check=False).stdout
+        said = [{"workload": w["metadata"]["name"], "conditions": (w.get("status") or {}).get("conditions")}
+                for w in json.loads(workloads or "{}").get("items") or []]  # fmt: skip
+        return f"{name}: {json.dumps(self.status(name), indent=1)}\nworkloads: {json.dumps(said, indent=1)}\n{events}"
+
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})
 
@@ -259,6 +268,6 @@ def test_kueue_killed_while_jobs_are_queued_and_admitted_loses_none_and_duplicat
         kueue_cluster.kueue.start()
     for name in ("k1", "k2", "k3"):
         status = cluster.wait_phase(name, "Succeeded", 900)
-        assert status.get("restarts", 0) == 0, status
+        assert status.get("restarts", 0) == 0, cluster.explain(name)
     names = [p["metadata"]["name"] for p in cluster.pods()]
     assert len(names) == len(set(names))
