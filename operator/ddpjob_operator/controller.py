@@ -29,6 +29,7 @@ from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
 from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
+from ddpjob_operator.policies import in_place
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
@@ -369,7 +370,7 @@ class Controller:
             return None
         try:
             grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
-            in_place = bool(the_plan.create_ranks) and self._in_place(job)
+            in_place = bool(the_plan.create_ranks) and self._in_place(job, the_plan.status.restarts)
             self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
                               grace=grace, in_place=in_place)  # fmt: skip
         except NamespaceTerminating:
@@ -394,10 +395,13 @@ class Controller:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
 
-    def _in_place(self, job: Job) -> bool:
-        """Whether the job's pods restart in place on a retryable exit: its policy allows it and the cluster can."""
+    def _in_place(self, job: Job, restarts: int) -> bool:
+        """Whether the job's new pods restart in place on a retryable exit: its policy allows it, the attempt is not
+        its last (``in_place.for_attempt``) and the cluster can."""
         rp = job.spec.run_policy
         if rp.in_place_restart is not InPlaceRestart.AUTO or not builders.restart_rules(rp):
+            return False
+        if not in_place.for_attempt(rp, restarts):
             return False
         return self._api.restarts_in_place(job.namespace)
 

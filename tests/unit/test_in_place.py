@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from ddpjob_operator.policies import in_place
 from ddpjob_operator.status import pod_view
 
 from .factories import job
+from .test_controller import KEY, FakeKube, controller
 from .test_lifecycle import FakeCluster, running
 
 
@@ -171,3 +173,39 @@ def test_a_failure_after_an_in_place_restart_is_the_next_restart() -> None:
     c.set(0, exit_code=137, exit_reason="RestartingAllContainers", next_count=2)
     p = c.step()
     assert (c.status.attempt, c.status.restarts) == (2, 2) and [x.name for x in p.adopt_pods] == ["train-0"]
+
+
+def test_the_last_attempt_backoff_limit_allows_is_made_anew_so_that_its_failure_stays_readable() -> None:
+    c = in_place_cluster(2, runPolicy={"backoffLimit": 1})
+    c.set(1, exit_code=137, next_count=1)
+    p = c.step()
+    assert (c.status.attempt, c.status.restarts) == (1, 1)
+    assert p.adopt_pods == () and sorted(x.name for x in p.delete_pods) == ["train-0", "train-1"], (
+        "attempt 1 is the last: none of attempt 0's pods joins it in place"
+    )
+    assert in_place.for_attempt(c.job.spec.run_policy, 0) and not in_place.for_attempt(c.job.spec.run_policy, 1)
+
+
+def test_the_last_attempts_pods_are_built_without_the_restart_rule() -> None:
+    def built(restarts: int) -> list[dict[str, Any]]:
+        kube = FakeKube(replicas=2)
+        kube.job["spec"]["runPolicy"] = {"backoffLimit": 2}
+        kube.job["status"] = {"phase": "Restarting", "attempt": restarts, "launchedAttempt": restarts - 1,
+                              "restarts": restarts}  # fmt: skip
+        posted: list[dict[str, Any]] = []
+        create = kube.create
+
+        def keep(obj: Any) -> bool:
+            posted.append(dict(obj))
+            return bool(create(obj))
+
+        kube.create = keep  # type: ignore[method-assign]
+        kube.restarts_in_place = lambda namespace: True  # type: ignore[method-assign]
+        with ThreadPoolExecutor(2) as pool:
+            ctl = controller(kube, pool)
+            ctl.bodies.put(KEY, kube.job)
+            ctl.reconcile(KEY)
+        return [o["spec"]["containers"][0] for o in posted if o["kind"] == "Pod"]
+
+    assert [bool(c.get("restartPolicyRules")) for c in built(1)] == [True, True], "attempt 1 of 3: in place"
+    assert [bool(c.get("restartPolicyRules")) for c in built(2)] == [False, False], "attempt 2 is the last"

@@ -7,6 +7,11 @@ new one (its attempt label moved, the exit that began it remembered) once its tr
 not exited within ``WAIT_SECONDS`` of the restart (blocked in a collective that a lost peer does not end, as NCCL
 can be) is deleted and made again, as is any pod that cannot be restarted in place: gone from its node, being
 deleted, taken away by Kubernetes, ended for good, or built from an older spec.
+
+The last attempt that ``backoffLimit`` allows is never in place (``for_attempt``): its pods are made anew without the
+rule, so that its failure, which ends the job, ends the pods as they failed. The kubelet does not restart them for
+nothing, and their exit (OOMKilled, the code, the message) stays readable: a restart in place replaces it with its
+own ``RestartingAllContainers``.
 """
 
 from __future__ import annotations
@@ -52,17 +57,30 @@ def _failure(pod: PodView) -> Failure:
     return Failure(rank=pod.rank or 0, pod=pod.name, exit_code=pod.exit_code)
 
 
+def for_attempt(policy: RunPolicy, restarts: int) -> bool:
+    """Whether an attempt begun after ``restarts`` restarts may run in place: a failure of it may restart it."""
+    return restarts < policy.backoff_limit
+
+
 def sort(
-    stale: Sequence[PodView], policy: RunPolicy, spec_hash: str, replicas: int, since: datetime | None, now: datetime
+    stale: Sequence[PodView],
+    policy: RunPolicy,
+    spec_hash: str,
+    replicas: int,
+    since: datetime | None,
+    now: datetime,
+    restarts: int,
 ) -> Sorted:
-    """Sort the pods of earlier attempts for a gang restarted at ``since`` (None: not restarting)."""
+    """Sort the pods of earlier attempts for a gang restarted at ``since`` (None: not restarting) into an attempt
+    begun after ``restarts`` restarts."""
     adopt: list[PodView] = []
     wait: list[PodView] = []
     delete: list[PodView] = []
     waited = (now - since).total_seconds() if since is not None else WAIT_SECONDS
+    kept = since is not None and for_attempt(policy, restarts)
     for pod in stale:
         in_range = pod.rank is not None and 0 <= pod.rank < replicas
-        if since is None or not in_range or not restartable(pod, policy, spec_hash):
+        if not kept or not in_range or not restartable(pod, policy, spec_hash):
             delete.append(pod)
         elif pod.exit_code is not None:
             adopt.append(pod)
