@@ -80,13 +80,16 @@ class Cluster:
         return self.run("logs", "-n", self.ns, pod, "-c", "trainer", check=False).stdout
 
     def explain(self, name: str) -> str:
-        """The job's conditions, its Workload's and its Events, in full: for a failed assertion's message."""
+        """The job's conditions, its Workload's, its Events and its pods' containers, in full: for a failed
+        assertion's message."""
         events = self.run("get", "events", "-n", self.ns, "--field-selector", f"involvedObject.name={name}",
                           "--sort-by=.lastTimestamp", check=False).stdout  # fmt: skip
         workloads = self.run("get", WORKLOADS, "-n", self.ns, "-o", "json", check=False).stdout
         said = [{"workload": w["metadata"]["name"], "conditions": (w.get("status") or {}).get("conditions")}
                 for w in json.loads(workloads or "{}").get("items") or []]  # fmt: skip
-        return f"{name}: {json.dumps(self.status(name), indent=1)}\nworkloads: {json.dumps(said, indent=1)}\n{events}"
+        pods = {p["metadata"]["name"]: (p.get("status") or {}).get("containerStatuses") for p in self.pods(name)}
+        return (f"{name}: {json.dumps(self.status(name), indent=1)}\nworkloads: {json.dumps(said, indent=1)}\n"
+                f"{events}\npods' containers: {json.dumps(pods, indent=1)}")  # fmt: skip
 
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})

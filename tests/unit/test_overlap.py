@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import io
+import signal
 import sys
 import threading
 import time
@@ -119,9 +120,15 @@ def test_an_interrupted_run_stops_every_step_it_started(tmp_path: Path) -> None:
         wait_for_pid(pidfile)
         _thread.interrupt_main()
 
-    threading.Thread(target=press_ctrl_c_once_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_steps([Step("Go builds", sh(f"sleep 60 & echo $! > {pidfile}; wait"))], out=io.StringIO(), tty=False)
+    # Ctrl-C as a terminal delivers it: a suite started in the background of a script has SIGINT ignored, and
+    # interrupt_main() would then do nothing.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=press_ctrl_c_once_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_steps([Step("Go builds", sh(f"sleep 60 & echo $! > {pidfile}; wait"))], out=io.StringIO(), tty=False)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert gone(int(pidfile.read_text()))
 
 
