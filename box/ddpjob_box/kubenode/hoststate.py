@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,9 +138,7 @@ def restore(
     for name in sorted(set(now.interfaces) - set(before.interfaces), key=lambda n: n == bridge):
         if name == bridge or _master(name) == bridge:
             subprocess.run(["ip", "link", "del", name], capture_output=True)
-    new_cgroups = set(now.cgroups) - set(before.cgroups)
-    if cgroup_root:
-        new_cgroups = {c for c in new_cgroups if c.split("/")[1:2] == [cgroup_root.strip("/")]}
+    new_cgroups = under(set(now.cgroups) - set(before.cgroups), cgroup_root)
     failures += _remove_cgroups(sorted(new_cgroups, key=len, reverse=True))
     if not host_wide:
         return failures
@@ -246,6 +245,13 @@ def hierarchies() -> list[Path]:
         return []
     # cgroup v1 may name co-mounted hierarchies twice (cpu -> cpu,cpuacct); the link adds nothing
     return sorted(h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink())
+
+
+def under(cgroups: Iterable[str], cgroup_root: str) -> set[str]:
+    """The cgroups (as ``pod_cgroups`` names them: ``<hierarchy>/<top>/...``) under a node's own ``cgroup_root``;
+    all of them for "" (a record written before nodes had roots of their own)."""
+    top = cgroup_root.strip("/")
+    return {c for c in cgroups if not top or c.split("/")[1:2] == [top]}
 
 
 def pod_cgroups() -> list[str]:

@@ -418,7 +418,7 @@ class KubeletNode:
         if self.kubelet:
             self._forget()
         if self.before is not None:
-            kill_pods(self.before, self.layout.containerd_socket)
+            kill_pods(self.before, self.layout.containerd_socket, self.cgroup_root)
         # The store keeps images for the next node; containers only if they could not all be removed. Only a
         # containerd that runs can remove them: asking a stopped one (a second stop) waited out 20 s of retries,
         # each `ctr` call waiting for its socket, about 50 s in all.
@@ -471,20 +471,20 @@ def recover(directory: Path) -> bool:
     before = hoststate.HostState(**data["before"])
     # The store keeps its .in-use mark (its containers were never removed): the next node to lease it removes them.
     layout = NodeLayout(directory, Path(data.get("store", directory / "containerd" / "root")))
-    kill_pods(before, layout.containerd_socket)
+    kill_pods(before, layout.containerd_socket, data.get("cgroup_root", ""))
     _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))
     record.unlink()
     return True
 
 
-def kill_pods(before: hoststate.HostState, socket: Path) -> None:
-    """SIGKILL every process in a pod cgroup made since ``before``, and every shim of the containerd at
-    ``socket``: kubelet does not stop pods when it stops, and shims outlive containerd by design."""
-    old = set(before.cgroups)
+def kill_pods(before: hoststate.HostState, socket: Path, cgroup_root: str) -> None:
+    """SIGKILL every process in a pod cgroup made since ``before`` under the node's ``cgroup_root``, and every
+    shim of the containerd at ``socket``: kubelet does not stop pods when it stops, and shims outlive containerd
+    by design. Only the node's own: another node on the host (the other box group's, Kueue's) made pod cgroups
+    since ``before`` too, and killing its pods' processes failed its tests with exit 137."""
     pids: set[int] = set()
-    for rel in hoststate.pod_cgroups():
-        if rel not in old:
-            pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
+    for rel in hoststate.under(set(hoststate.pod_cgroups()) - set(before.cgroups), cgroup_root):
+        pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
     pids |= {pid for pid, argv in _processes() if str(socket) in argv and "containerd-shim" in argv}
     pids.discard(os.getpid())
     for pid in pids:
