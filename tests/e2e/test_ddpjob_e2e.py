@@ -344,8 +344,14 @@ def test_a_textbook_script_that_ends_within_seconds_leaves_its_outcome_not_its_p
 def _failed_message(jobs: Jobs, name: str) -> str:
     status = jobs.wait_phase(name, "Failed", 300)
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    events = [e.message for e in jobs.core.list_namespaced_event(jobs.ns).items if e.type == "Warning"]
-    assert any(failed["message"] in m or m in failed["message"] for m in events), (failed, events)
+
+    def warnings() -> list[str]:
+        return [e.message for e in jobs.core.list_namespaced_event(jobs.ns).items if e.type == "Warning"]
+
+    def said() -> bool:  # the operator posts its Events off the reconcile: a moment after the status
+        return any(failed["message"] in m or m in failed["message"] for m in warnings())
+
+    wait_for("a Warning Event saying what the Failed condition says", said, 30, seen=lambda: (failed, warnings()))
     return str(failed["message"])
 
 
