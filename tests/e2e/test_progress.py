@@ -188,9 +188,9 @@ def test_ddpjob_report_on_a_finished_run_ends_at_completion_and_matches_the_trai
     # The issue's plot peaked at 1,115 samples/s where the ranks measured 1,730: smoothed away. The mean of
     # the plotted windows is the run's own mean; the peak exceeds it only as much as the run's speed varied
     # (on a machine busier than its cores, other load makes it vary: there the peak is above the mean).
-    # The windows' plain mean weighs the run's middle more than its ends (the first and last windows hold
-    # partial seconds), so under changing load it strays from the whole run's: 17% under in a make test run on
-    # 2 busy cores. 25% still fails the issue's plot (36% under); the peak's check is the one against smoothing.
+    # The windows' plain mean is not the whole run's rate when the speed changes (the windows overlap and cover
+    # the run unevenly): 17% under in a make test run on 2 busy cores. 25% still fails the issue's plot (36%
+    # under); the peak's check is the one against smoothing.
     rates = [v for _, v in data.throughput]
     mean, peak = sum(rates) / len(rates), max(rates)
     assert abs(mean - measured) <= 0.25 * measured, f"mean {mean:.1f} samples/s, the trainer measured {measured:.1f}"
