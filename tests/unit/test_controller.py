@@ -37,6 +37,10 @@ class FakeKube:
         self.threads: set[str] = set()
         self.namespace_deleted: str | None = None
         """The namespace's deletionTimestamp: None while it lives."""
+        self.posted: list[dict[str, Any]] = []
+        """Every body created, in order."""
+        self.in_place = False
+        """Whether the cluster keeps restart rules (``restarts_in_place``)."""
         self._lock = threading.Lock()
 
     def _call(self, what: str) -> None:
@@ -60,6 +64,8 @@ class FakeKube:
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         self._call(f"POST {obj['kind']}")
+        with self._lock:
+            self.posted.append(dict(obj))
         return True
 
     def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -97,10 +103,10 @@ class FakeKube:
     def release_workload(self, namespace: str, name: str) -> None:
         self._call("RELEASE workload")
 
-    # In-place restarts: the real client asks the cluster once per process (a dry run); here it cannot
+    # In-place restarts: the real client asks the cluster once per process (a dry run); here the test says
 
     def restarts_in_place(self, namespace: str) -> bool:
-        return False
+        return self.in_place
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         self._call("PATCH pod")
@@ -183,14 +189,6 @@ def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods(
     creates: Executor,
 ) -> None:
     kube = FakeKube(replicas=3)
-    posted: list[dict[str, Any]] = []
-    create = kube.create
-
-    def keep(obj: Mapping[str, Any]) -> bool:
-        posted.append(dict(obj))
-        return create(obj)
-
-    kube.create = keep  # type: ignore[method-assign]
     ctl = controller(kube, creates, pod_groups=True)
     ctl.bodies.put(KEY, kube.job)
     ctl.reconcile(KEY)
@@ -198,9 +196,9 @@ def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods(
     group = kube.calls.index("POST PodGroup")
     assert group < min(pods), "the gang first: a pod naming an absent PodGroup would wait for it"
     assert not [c for c in kube.calls if c.startswith("DELETE podgroups")], "attempt 0 has no older PodGroups"
-    (body,) = [o for o in posted if o["kind"] == "PodGroup"]
+    (body,) = [o for o in kube.posted if o["kind"] == "PodGroup"]
     assert body["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
-    names = {o["spec"]["schedulingGroup"]["podGroupName"] for o in posted if o["kind"] == "Pod"}
+    names = {o["spec"]["schedulingGroup"]["podGroupName"] for o in kube.posted if o["kind"] == "Pod"}
     assert names == {body["metadata"]["name"]}
     status = kube.job["status"]
     (gang,) = [c for c in status["conditions"] if c["type"] == "GangScheduling"]

@@ -192,20 +192,12 @@ def test_the_last_attempts_pods_are_built_without_the_restart_rule() -> None:
         kube.job["spec"]["runPolicy"] = {"backoffLimit": 2}
         kube.job["status"] = {"phase": "Restarting", "attempt": restarts, "launchedAttempt": restarts - 1,
                               "restarts": restarts}  # fmt: skip
-        posted: list[dict[str, Any]] = []
-        create = kube.create
-
-        def keep(obj: Any) -> bool:
-            posted.append(dict(obj))
-            return bool(create(obj))
-
-        kube.create = keep  # type: ignore[method-assign]
-        kube.restarts_in_place = lambda namespace: True  # type: ignore[method-assign]
+        kube.in_place = True
         with ThreadPoolExecutor(2) as pool:
             ctl = controller(kube, pool)
             ctl.bodies.put(KEY, kube.job)
             ctl.reconcile(KEY)
-        return [o["spec"]["containers"][0] for o in posted if o["kind"] == "Pod"]
+        return [o["spec"]["containers"][0] for o in kube.posted if o["kind"] == "Pod"]
 
     assert [bool(c.get("restartPolicyRules")) for c in built(1)] == [True, True], "attempt 1 of 3: in place"
     assert [bool(c.get("restartPolicyRules")) for c in built(2)] == [False, False], "attempt 2 is the last"

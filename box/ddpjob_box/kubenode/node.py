@@ -471,8 +471,9 @@ def recover(directory: Path) -> bool:
     before = hoststate.HostState(**data["before"])
     # The store keeps its .in-use mark (its containers were never removed): the next node to lease it removes them.
     layout = NodeLayout(directory, Path(data.get("store", directory / "containerd" / "root")))
-    kill_pods(before, layout.containerd_socket, data.get("cgroup_root", ""))
-    _restore(before, layout, data["bridge"], data.get("cgroup_root", ""))
+    cgroup_root = data.get("cgroup_root", "")
+    kill_pods(before, layout.containerd_socket, cgroup_root)
+    _restore(before, layout, data["bridge"], cgroup_root)
     record.unlink()
     return True
 
