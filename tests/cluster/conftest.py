@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Raw, apply_crd
+from .helpers import Raw, apply_crd, operator_errors
 
 
 @pytest.fixture(scope="session")
@@ -82,14 +82,8 @@ class Operator:
         self.runner.__exit__(*exc)
 
     def errors(self) -> list[str]:
-        """Lines where the operator logged an error or a traceback (read after it stopped).
-
-        Kopf's own "Request attempt #1/9 failed; will retry" (for instance a 429 while the apiserver
-        re-initializes the CRD's storage after another test re-applied the CRD) is not counted: Kopf
-        retries, and a request that keeps failing ends in a line this still counts.
-        """
-        return [line for line in self.runner.output.splitlines()
-                if ("ERROR" in line or "Traceback" in line) and "failed; will retry" not in line]  # fmt: skip
+        """Lines where the operator logged an error or a traceback (read after it stopped)."""
+        return operator_errors(self.runner.output)
 
 
 @pytest.fixture
