@@ -1,6 +1,6 @@
 """A real Prometheus on loopback, finding the training pods through the apiserver.
 
-It is built from its Go module (``tools/prometheus``, with only the kubernetes service discovery):
+It is built from its Go module (``tools/box``, with only the kubernetes service discovery):
 Debian's package leaves ``kubernetes_sd_configs`` out.
 
 Discovery is ``kubernetes_sd_configs`` (role pod) with the relabelling of the chart's PodMonitor: the

@@ -2,11 +2,19 @@
 
 The Go modules under tools/ pin every version. The binaries land in
 ``$DDPJOB_CACHE/bin/<key>/`` (default ``~/.cache/ddpjob``), where the key names
-the versions, so a second run builds nothing and a version bump builds afresh.
+the versions and a digest of the module's go.sum, so a second run builds nothing
+and any version bump builds afresh.
+
+Everything the box runs (Kubernetes, etcd, CoreDNS, Prometheus, helm) is built from one module,
+tools/box: one set of dependency versions, so the packages they share (client-go, the API types,
+gRPC, protobuf: more than half of the source CoreDNS, Prometheus and helm compile) are compiled once
+and found in Go's build cache by the next build. Kueue and training-operator, which pin other
+Kubernetes libraries, keep modules of their own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -22,6 +30,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
 MIN_GO = (1, 26)
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+# the module that builds everything the box runs (the module docstring says why it is one)
+BOX_MODULE = "box"
 
 
 def cache_dir() -> Path:
@@ -41,6 +51,11 @@ class GoBuild:
 
     def bin_dir(self) -> Path:
         return cache_dir() / "bin" / self.key
+
+
+def _sum_digest(module_dir: str) -> str:
+    """A short digest of the module's go.sum: every dependency's version, so a key changes when any does."""
+    return hashlib.sha256((TOOLS_DIR / module_dir / "go.sum").read_bytes()).hexdigest()[:10]
 
 
 def _required_version(module_dir: str, module: str) -> str:
@@ -76,13 +91,13 @@ def kubernetes_node_build() -> GoBuild:
 
 
 def _kubernetes(packages: dict[str, str]) -> GoBuild:
-    k8s = _required_version("k8s", "k8s.io/kubernetes")
-    etcd = _required_version("k8s", "go.etcd.io/etcd/server/v3")
+    k8s = _required_version(BOX_MODULE, "k8s.io/kubernetes")
+    etcd = _required_version(BOX_MODULE, "go.etcd.io/etcd/server/v3")
     major, minor = k8s.lstrip("v").split(".")[:2]
     version_pkg = "k8s.io/component-base/version"
     return GoBuild(
-        module_dir="k8s",
-        key=f"k8s-{k8s}-etcd-{etcd}",
+        module_dir=BOX_MODULE,
+        key=f"k8s-{k8s}-etcd-{etcd}-{_sum_digest(BOX_MODULE)}",
         packages=packages,
         # Without these, /version reports v0.0.0 and kubectl warns about skew.
         ldflags=(
@@ -93,33 +108,33 @@ def _kubernetes(packages: dict[str, str]) -> GoBuild:
 
 
 def helm_build() -> GoBuild:
-    helm = _required_version("helm", "helm.sh/helm/v3")
+    helm = _required_version(BOX_MODULE, "helm.sh/helm/v3")
     return GoBuild(
-        module_dir="helm",
-        key=f"helm-{helm}",
+        module_dir=BOX_MODULE,
+        key=f"helm-{helm}-{_sum_digest(BOX_MODULE)}",
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version={helm}",
     )
 
 
 def coredns_build() -> GoBuild:
-    """CoreDNS with the kubernetes plugin, from tools/coredns (only the plugins the box's DNS uses)."""
-    coredns = _required_version("coredns", "github.com/coredns/coredns")
+    """CoreDNS with the kubernetes plugin, from tools/box/coredns (only the plugins the box's DNS uses)."""
+    coredns = _required_version(BOX_MODULE, "github.com/coredns/coredns")
     return GoBuild(
-        module_dir="coredns",
-        key=f"coredns-{coredns}",
-        packages={"coredns": "ddpjob.dev/tools/coredns"},
+        module_dir=BOX_MODULE,
+        key=f"coredns-{coredns}-{_sum_digest(BOX_MODULE)}",
+        packages={"coredns": "ddpjob.dev/tools/box/coredns"},
     )
 
 
 def prometheus_build() -> GoBuild:
     """Prometheus with only its kubernetes service discovery (Debian's package leaves that one out)."""
-    prometheus = _required_version("prometheus", "github.com/prometheus/prometheus")
+    prometheus = _required_version(BOX_MODULE, "github.com/prometheus/prometheus")
     # Module v0.316.0 is Prometheus 3.16.0.
     release = re.sub(r"^v0\.(\d)(\d\d)\.", lambda m: f"{m.group(1)}.{int(m.group(2))}.", prometheus)
     return GoBuild(
-        module_dir="prometheus",
-        key=f"prometheus-{prometheus}",
+        module_dir=BOX_MODULE,
+        key=f"prometheus-{prometheus}-{_sum_digest(BOX_MODULE)}",
         packages={
             "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
             "promtool": "github.com/prometheus/prometheus/cmd/promtool",

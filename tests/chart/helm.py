@@ -68,7 +68,7 @@ def wait_established(kubeconfig: Path, crd: str, timeout: float = 60) -> None:
 
 
 def promtool() -> str:
-    """promtool of the same build as the box's Prometheus (tools/prometheus)."""
+    """promtool of the same build as the box's Prometheus (tools/box)."""
     return str(toolchain.ensure(toolchain.prometheus_build())["promtool"])
 
 
