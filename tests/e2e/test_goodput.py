@@ -118,15 +118,17 @@ def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_
     )
     assert all(p.metadata.labels["ddpjob.dev/attempt"] == "1" for p in after.values())
     assert all(p.status.pod_ip == before[r].status.pod_ip for r, p in after.items())
-    # The new process of rank 0 loaded a checkpoint: it says so on its metrics (and in its log).
-    resumed_from = wait_for(
-        "rank 0's new process to report its checkpoint",
-        lambda: rank_metric(after[0].status.pod_ip, "ddp_last_checkpoint_step"),
+    # The new process of rank 0 loaded a checkpoint: it says so in its log and on its metrics. The metric is the
+    # newest checkpoint saved or resumed from, so by the time it is read it may already name a newer save.
+    log = wait_for("rank 0's log to say it resumed", lambda: _resumed_line(jobs, "inplace-0"), 60, interval=1)
+    resumed = re.search(r"resumed from step (\d+) ", log)
+    assert resumed and int(resumed.group(1)) >= 20, log  # rank 1 was past step 25, the interval is 20
+    step = int(resumed.group(1))
+    wait_for(
+        f"rank 0's metrics to report a checkpoint at step {step} or newer",
+        lambda: rank_metric(after[0].status.pod_ip, "ddp_last_checkpoint_step") >= step,
         60,
         interval=1,
     )
-    assert resumed_from >= 20, resumed_from
-    log = wait_for("rank 0's log to say it resumed", lambda: _resumed_line(jobs, "inplace-0"), 60, interval=1)
-    assert f"resumed from step {int(resumed_from)} " in log
     restarting = jobs.condition("inplace", "Restarting")
     assert restarting and restarting["reason"] == "Recovered", restarting
