@@ -1,9 +1,9 @@
 """Builds the real control-plane binaries from the Go module proxy, cached by version.
 
 The Go modules under tools/ pin every version. The binaries land in
-``$DDPJOB_CACHE/bin/<key>/`` (default ``~/.cache/ddpjob``), where the key names
-the versions and a digest of the module's go.sum, so a second run builds nothing
-and any version bump builds afresh.
+``$DDPJOB_CACHE/bin/<key>-<go.sum digest>/`` (default ``~/.cache/ddpjob``), where
+the key names the versions and the digest every dependency's, so a second run
+builds nothing and any version bump builds afresh.
 
 Everything the box runs (Kubernetes, etcd, CoreDNS, Prometheus, helm) is built from one module,
 tools/box: one set of dependency versions, so the packages they share (client-go, the API types,
@@ -50,12 +50,10 @@ class GoBuild:
     tags: str = ""
 
     def bin_dir(self) -> Path:
-        return cache_dir() / "bin" / self.key
-
-
-def _sum_digest(module_dir: str) -> str:
-    """A short digest of the module's go.sum: every dependency's version, so a key changes when any does."""
-    return hashlib.sha256((TOOLS_DIR / module_dir / "go.sum").read_bytes()).hexdigest()[:10]
+        """Where its binaries are cached: named by its key and by its module's go.sum, every dependency's
+        version, so a bump of any of them builds afresh."""
+        go_sum = hashlib.sha256((TOOLS_DIR / self.module_dir / "go.sum").read_bytes()).hexdigest()[:10]
+        return cache_dir() / "bin" / f"{self.key}-{go_sum}"
 
 
 def _required_version(module_dir: str, module: str) -> str:
@@ -97,7 +95,7 @@ def _kubernetes(packages: dict[str, str]) -> GoBuild:
     version_pkg = "k8s.io/component-base/version"
     return GoBuild(
         module_dir=BOX_MODULE,
-        key=f"k8s-{k8s}-etcd-{etcd}-{_sum_digest(BOX_MODULE)}",
+        key=f"k8s-{k8s}-etcd-{etcd}",
         packages=packages,
         # Without these, /version reports v0.0.0 and kubectl warns about skew.
         ldflags=(
@@ -111,7 +109,7 @@ def helm_build() -> GoBuild:
     helm = _required_version(BOX_MODULE, "helm.sh/helm/v3")
     return GoBuild(
         module_dir=BOX_MODULE,
-        key=f"helm-{helm}-{_sum_digest(BOX_MODULE)}",
+        key=f"helm-{helm}",
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version={helm}",
     )
@@ -122,7 +120,7 @@ def coredns_build() -> GoBuild:
     coredns = _required_version(BOX_MODULE, "github.com/coredns/coredns")
     return GoBuild(
         module_dir=BOX_MODULE,
-        key=f"coredns-{coredns}-{_sum_digest(BOX_MODULE)}",
+        key=f"coredns-{coredns}",
         packages={"coredns": "ddpjob.dev/tools/box/coredns"},
     )
 
@@ -134,7 +132,7 @@ def prometheus_build() -> GoBuild:
     release = re.sub(r"^v0\.(\d)(\d\d)\.", lambda m: f"{m.group(1)}.{int(m.group(2))}.", prometheus)
     return GoBuild(
         module_dir=BOX_MODULE,
-        key=f"prometheus-{prometheus}-{_sum_digest(BOX_MODULE)}",
+        key=f"prometheus-{prometheus}",
         packages={
             "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
             "promtool": "github.com/prometheus/prometheus/cmd/promtool",

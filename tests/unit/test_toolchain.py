@@ -1,4 +1,4 @@
-"""The Go builds' cache keys: what the box runs comes from one module, keyed by its versions and go.sum."""
+"""The Go builds' cache: what the box runs comes from one module; binaries are cached by versions and go.sum."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ def test_everything_the_box_runs_is_built_from_one_module_so_shared_packages_com
     assert toolchain.kueue_build().module_dir != toolchain.BOX_MODULE  # Kueue pins other Kubernetes libraries
 
 
-def test_a_changed_go_sum_changes_every_box_key_and_only_those(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_changed_go_sum_moves_every_box_binary_and_only_those(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     tools = tmp_path / "tools"
     shutil.copytree(toolchain.TOOLS_DIR, tools, ignore=shutil.ignore_patterns("*.go"))
     monkeypatch.setattr(toolchain, "TOOLS_DIR", tools)
-    before = {b.key for b in toolchain.builds_for("test")}
+    before = {b.bin_dir().name for b in toolchain.builds_for("test")}
     with (tools / toolchain.BOX_MODULE / "go.sum").open("a") as go_sum:
         go_sum.write("golang.org/x/net v0.61.1 h1:bumped=\n")
-    after = {b.key for b in toolchain.builds_for("test")}
-    assert toolchain.kueue_build().key in before & after
+    after = {b.bin_dir().name for b in toolchain.builds_for("test")}
+    assert toolchain.kueue_build().bin_dir().name in before & after
     assert len(before - after) == 4  # the control plane with the node's binaries, CoreDNS, helm, Prometheus
-    assert all(key.startswith(("k8s-v", "coredns-v", "helm-v", "prometheus-v")) for key in after - before)
+    assert all(name.startswith(("k8s-v", "coredns-v", "helm-v", "prometheus-v")) for name in after - before)
