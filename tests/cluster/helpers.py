@@ -301,8 +301,11 @@ def own_plane(**options: Any) -> Iterator[ControlPlane]:
             plane.stop()
 
 
-def wait_for(check: Callable[[], T], *, timeout: float = WAIT, what: str = "the condition") -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` and the last value."""
+def wait_for(
+    check: Callable[[], T], *, timeout: float = WAIT, what: str = "the condition", seen: Callable[[], object] = str
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``, the last value, and what ``seen``
+    returns then (the state the test waited on, as tests/e2e/kube.wait_for has it)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
@@ -314,7 +317,8 @@ def wait_for(check: Callable[[], T], *, timeout: float = WAIT, what: str = "the 
             if last:
                 return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+            said = seen()
+            raise AssertionError(f"timed out waiting for {what}; last: {last!r}" + (f"\n{said}" if said else ""))
         time.sleep(0.1)
 
 

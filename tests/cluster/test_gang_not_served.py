@@ -76,11 +76,13 @@ def test_required_fails_clearly_and_auto_places_pods_one_by_one_saying_so(
             job = raw.job(ns, "lenient")
             return job if job and (job.get("status") or {}).get("launchedAttempt") == 0 else None
 
-        try:
-            lenient = wait_for(lenient_launched, timeout=60, what="the Auto job to create its pods")
-        except AssertionError as err:  # once seen in a cold run and not since: say what the operator saw
+        def what_the_operator_saw() -> str:  # this wait failed once in a cold run and not since
             status = (raw.job(ns, "lenient") or {}).get("status")
-            raise AssertionError(f"{err}\nits status: {status}\nthe operator's log:\n{operator.log_tail(60)}") from None
+            return f"its status: {status}\nthe operator's log:\n{operator.log_tail(60)}"
+
+        lenient = wait_for(
+            lenient_launched, timeout=60, what="the Auto job to create its pods", seen=what_the_operator_saw
+        )
         gang = condition(lenient, "GangScheduling")
         assert gang and gang["status"] == "False" and gang["reason"] == "PodGroupNotServed", lenient["status"]
         assert "placed one by one" in gang["message"]
