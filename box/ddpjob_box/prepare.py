@@ -23,6 +23,9 @@ from ddpjob_box.step_report import encode_times, step_table
 STEP_TIMES_ENV = "DDPJOB_SETUP_STEP_TIMES"
 """Where the command run after the setup finds the setup's step times (the demo adds its own to them)."""
 PURPOSES = ("setup", "test", "demo", "tools")
+NODES_SIDE_BY_SIDE = {"setup": 2, "test": 2, "demo": 1}
+"""The nodes each command runs at once (``make test``: one per box group, tests/workers.py), each on a node store
+of its own, which the setup fills with the images beside the Go builds (kubenode.store_fill)."""
 
 
 def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:
@@ -50,6 +53,14 @@ def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:
             figure=ImageFigure,
         ),
     ]
+    steps.append(
+        Step(
+            "node stores",
+            [python, "-m", "ddpjob_box.kubenode.store_fill", "--stores", str(NODES_SIDE_BY_SIDE[purpose])],
+            after=("images",),
+            figure=ImageFigure,
+        )
+    )
     if purpose == "test":
         steps.append(Step("lint", [*sub_make, "lint"], after=("venv",)))
     return steps

@@ -64,6 +64,8 @@ class GoFigure:
 
 _IMAGE = re.compile(r"^building (?:ghcr\.io|localhost)/ddpjob/(?P<image>[a-z-]+)[:\s]")
 _EXPORT = re.compile(r"^exporting (?:ghcr\.io|localhost)/ddpjob/(?P<image>[a-z-]+)[:\s]")
+# what kubenode.store_fill prints: "importing <image> into node store <n>"
+_IMPORT = re.compile(r"^importing (?:ghcr\.io|localhost)/ddpjob/(?P<image>[a-z-]+)\S* into (?P<store>node store \S+)")
 # a multi-stage build prefixes its stage: "[2/7] STEP 1/4: FROM ..."
 _STEP = re.compile(r"^(?:\[(?P<stage>\d+/\d+)\] )?STEP (?P<step>\d+/\d+):")
 _DOWNLOAD = re.compile(r"Downloading (?:\S*/)?(?P<file>[^/\s]+) \((?P<size>[\d.]+) (?P<unit>[kMG]B)\)")
@@ -78,9 +80,9 @@ def format_megabytes(mb: float) -> str:
 
 
 class ImageFigure:
-    """Image builds: the image under way, debootstrap's package counts for the base, the Dockerfile's STEP
-    n/m and the wheels pip downloads for the others. A wheel counts as downloaded once pip says something
-    after it; until then it is named as the one under way."""
+    """Image builds and imports: the image under way (and the node store it goes into), debootstrap's
+    package counts for the base, the Dockerfile's STEP n/m and the wheels pip downloads for the others. A wheel
+    counts as downloaded once pip says something after it; until then it is named as the one under way."""
 
     def __init__(self) -> None:
         self.image = ""
@@ -101,6 +103,8 @@ class ImageFigure:
             self.start(match.group("image"), "building")
         elif match := _EXPORT.match(line):
             self.start(match.group("image"), "exporting")
+        elif match := _IMPORT.match(line):
+            self.start(f"{match.group('image')} into {match.group('store')}", "importing")
         elif match := _STEP.match(line):
             stage = match.group("stage")
             self.step = match.group("step") + (f" of stage {stage}" if stage else "")

@@ -16,9 +16,9 @@ def test_the_demo_builds_no_kueue_and_the_tests_also_lint() -> None:
     test_go = next(s for s in steps_for("test", python="python3") if s.name == "Go builds")
     assert list(demo_go.argv[-2:]) == ["--for", "demo"]
     assert list(test_go.argv[-2:]) == ["--for", "test"]
-    assert names("demo") == ["venv", "Debian packages", "Go builds", "images"]
-    assert names("setup") == ["venv", "Debian packages", "Go builds", "images"]
-    assert names("test") == ["venv", "Debian packages", "Go builds", "images", "lint"]
+    assert names("demo") == ["venv", "Debian packages", "Go builds", "images", "node stores"]
+    assert names("setup") == ["venv", "Debian packages", "Go builds", "images", "node stores"]
+    assert names("test") == ["venv", "Debian packages", "Go builds", "images", "node stores", "lint"]
     assert names("tools") == ["Go builds"]
 
 
@@ -26,6 +26,7 @@ def test_the_images_wait_for_the_debian_packages_the_lint_for_the_venv_and_apt_i
     steps = {step.name: step for step in steps_for("test", python="python3")}
     assert steps["images"].after == ("Debian packages",)
     assert steps["lint"].after == ("venv",)
+    assert steps["node stores"].after == ("images",)
     assert steps["Go builds"].after == ()
     assert not steps["Debian packages"].stoppable
 
@@ -41,3 +42,11 @@ def test_the_command_after_the_setup_follows_a_double_dash() -> None:
         [".venv/bin/python", "-m", "pytest", "-k", "x"],
     )
     assert split_command(["setup"]) == (["setup"], [])
+
+
+def test_the_setup_fills_a_node_store_for_each_node_its_command_runs_at_once() -> None:
+    def stores(purpose: str) -> str:
+        step = next(s for s in steps_for(purpose, python="python3") if s.name == "node stores")
+        return str(step.argv[step.argv.index("--stores") + 1])
+
+    assert (stores("demo"), stores("test"), stores("setup")) == ("1", "2", "2")

@@ -89,3 +89,11 @@ def test_a_step_without_a_figure_shows_only_its_time() -> None:
     figure = NoFigure()
     figure.read("Collecting torch\n")
     assert figure.text() == ""
+
+
+def test_an_import_into_a_node_store_names_the_image_and_the_store() -> None:
+    lines = [
+        "exporting ghcr.io/ddpjob/trainer:0.1.0 into /c/images/oci",
+        "importing ghcr.io/ddpjob/trainer:0.1.0-0a1b2c into node store 1",
+    ]
+    assert read_all(ImageFigure(), lines) == "importing trainer into node store 1"

@@ -1,0 +1,129 @@
+"""Fill the cache's node stores with the images a node runs, during the setup, beside the Go builds.
+
+A node's first start on a machine imports its images into the containerd store it leases (``kubenode.store``):
+for the trainer's 5.8 GB that was a minute and a half of a cold ``make demo``, spent after the Go builds, and of a
+cold ``make test``'s first node in each box group. The setup does that import while the Go builds still compile,
+through a containerd of its own on each store, started with the node's own configuration, so the node later finds
+its images there and imports nothing. A store in use by a running node is not touched (its lock is held); a store
+a killed node left dirty is left to the next node, which cleans it.
+
+``python -m ddpjob_box.kubenode.store_fill --stores N``: what ``make setup`` runs after the images (N: the nodes
+its command runs side by side).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from ddpjob_box import images as local_images
+from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode import store
+from ddpjob_box.kubenode.configs import NodeLayout, containerd_toml
+from ddpjob_box.kubenode.node import Importer
+from ddpjob_box.overlap import stop_like_ctrl_c
+from ddpjob_box.processes import Component, wait_until
+
+
+def node_images() -> list[str]:
+    """What a box's node imports (``Box.start_node``): the pause image, the base, the operator and the trainer."""
+    return list(
+        dict.fromkeys(
+            [
+                local_images.ensure_pause(quiet=True),
+                local_images.ensure_base(quiet=True),
+                *(local_images.ensure_target(target, quiet=True) for target in local_images.TARGETS),
+            ]
+        )
+    )
+
+
+def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> list[Path]:
+    """Import ``names`` into each of the first ``stores`` free node stores; returns the stores filled. The
+    sandbox (pause) image is ``names[0]``."""
+    filled: list[Path] = []
+    with ExitStack() as held:
+        leases = []
+        for _ in range(stores):
+            lease = store.lease()
+            held.callback(lease.release, clean=not lease.dirty)
+            leases.append(lease)
+        for number, lease in enumerate(leases):
+            if lease.dirty:
+                print(f"node store {lease.path} was left by a killed node: its next node cleans it", flush=True)
+                continue
+            with containerd_on(lease.path, names[0], work / str(number)) as socket:
+                for name in names:
+                    print(f"importing {name} into node store {lease.path.name}", flush=True)
+                    importer(name, socket)
+            filled.append(lease.path)
+    return filled
+
+
+class _FillLayout(NodeLayout):
+    """A node's layout, with its sockets under its own directory rather than the host's socket root, where a
+    running node would count this containerd as another node's (``node.live_nodes``)."""
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root / "sockets"
+
+
+@contextmanager
+def containerd_on(root: Path, sandbox_image: str, work: Path) -> Iterator[Path]:
+    """A containerd on the store at ``root``, configured as a node's is (its state, sockets and log under
+    ``work``); yields its socket and stops it after."""
+    layout = _FillLayout(work, root)
+    layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+    layout.containerd_config.write_text(containerd_toml(layout, sandbox_image))
+    layout.socket_dir.mkdir(parents=True, exist_ok=True)
+    containerd = Component(
+        "containerd",
+        [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
+        work / "containerd.log",
+    )
+    ctr = shutil.which("ctr") or "ctr"
+    try:
+        containerd.start()
+        wait_until(
+            "containerd to serve",
+            lambda: (
+                subprocess.run(
+                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            30,
+            watch=[containerd],
+        )
+        yield layout.containerd_socket
+    finally:
+        containerd.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ddpjob_box.kubenode.store_fill", description=__doc__)
+    parser.add_argument("--stores", type=int, default=1, help="how many node stores to fill (default 1)")
+    args = parser.parse_args(argv)
+    stop_like_ctrl_c()
+    if shutil.which("containerd") is None:
+        print("ddpjob: containerd is missing: run 'make system-packages'", file=sys.stderr)
+        sys.exit(2)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddpjob-store-fill-") as work:
+            filled = fill(args.stores, node_images(), local_images.import_into_containerd, Path(work))
+    except BoxError as err:
+        print(f"ddpjob: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"node stores ready: {', '.join(str(path) for path in filled) or 'none'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

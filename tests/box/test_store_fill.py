@@ -1,0 +1,54 @@
+"""The setup's fill of the node stores (kubenode.store_fill), with a real containerd: a node that then leases a
+filled store imports nothing, and a store a running node holds, or a killed node left dirty, is not touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpjob_box import images
+from ddpjob_box.kubenode import store, store_fill
+
+
+@pytest.fixture
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The node stores under the test's directory; the images stay in the machine's cache."""
+    root = tmp_path / "stores"
+    monkeypatch.setattr(store, "stores_dir", lambda: root)
+    return root
+
+
+def test_a_node_on_a_filled_store_finds_its_images_and_a_running_nodes_store_is_left_alone(
+    stores: Path, tmp_path: Path
+) -> None:
+    pause = images.ensure_pause(quiet=True)
+    running = store.lease()  # slot 0: a node runs on it
+    try:
+        filled = store_fill.fill(1, [pause], images.import_into_containerd, tmp_path / "fill")
+    finally:
+        running.release(clean=True)
+    assert filled == [stores / "1"]
+    assert [p.name for p in (stores / "0").iterdir()] == [], "the running node's store was written to"
+    node = store.lease()  # the next node: slot 0 is free again, so take slot 1 as a second node would
+    second = store.lease()
+    try:
+        assert second.path == stores / "1" and not second.dirty
+        with store_fill.containerd_on(second.path, pause, tmp_path / "node") as socket:
+            assert images.import_into_containerd(pause, socket) is False, "the node had to import its image"
+    finally:
+        second.release(clean=True)
+        node.release(clean=True)
+
+
+def test_a_store_a_killed_node_left_dirty_is_left_to_the_next_node(stores: Path, tmp_path: Path) -> None:
+    killed = store.lease()
+    killed.lock.close()  # died holding it: the in-use mark stays
+    imported: list[str] = []
+    filled = store_fill.fill(1, ["pause"], lambda name, socket: imported.append(name), tmp_path / "fill")
+    assert (filled, imported) == ([], [])
+    again = store.lease()
+    try:
+        assert again.dirty, "the fill cleaned the mark a killed node left"
+    finally:
+        again.release(clean=True)
