@@ -3,20 +3,25 @@ filled store imports nothing, and a store a running node holds, or a killed node
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpjob_box import images
 from ddpjob_box.kubenode import store, store_fill
+from tests import workers
 
 
 @pytest.fixture
-def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The node stores under the test's directory; the images stay in the machine's cache."""
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The node stores under the test's directory; the images stay in the machine's cache. Held as a node holds
+    the host (shared): containerd mounts layers while it unpacks them, which a test comparing the host must not
+    see."""
     root = tmp_path / "stores"
     monkeypatch.setattr(store, "stores_dir", lambda: root)
-    return root
+    with workers.host_lock(request.config, exclusive=False):
+        yield root
 
 
 def test_a_node_on_a_filled_store_finds_its_images_and_a_running_nodes_store_is_left_alone(
