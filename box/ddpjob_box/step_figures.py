@@ -31,7 +31,7 @@ class NoFigure:
 
 # go build -v names each package as it compiles it: a bare import path, nothing else on the line.
 _IMPORT_PATH = re.compile(r"[A-Za-z0-9_.~\-]+(?:/[A-Za-z0-9_.~\-]+)*")
-# what ddpjob_box.toolchain prints before each build: "building <names> (<key>) into <dir>"
+# what ddpjob_box.toolchain prints before each go build: "building <names> (<key>[+<key>...]) into <dir>"
 _GO_BUILD = re.compile(r"^building .+ \((?P<key>[^)\s]+)\) into ")
 
 
@@ -46,7 +46,8 @@ class GoFigure:
     def read(self, line: str) -> None:
         line = line.strip()
         if match := _GO_BUILD.match(line):
-            self.build = re.sub(r"-v\d.*", "", match.group("key"))
+            # one go build may make several keys' binaries: "k8s-v1.37.2-etcd-v3.7.2+helm-v3.19.5" -> "k8s+helm"
+            self.build = "+".join(re.sub(r"-v\d.*", "", key) for key in match.group("key").split("+"))
         elif line.startswith("go: downloading "):
             self.modules += 1
         elif _IMPORT_PATH.fullmatch(line):

@@ -240,31 +240,66 @@ def _discard(line: str) -> None:
 def ensure(build: GoBuild, *, quiet: bool = False, echo: Callable[[str], None] = _discard) -> dict[str, Path]:
     """Return the path of each binary, building the missing ones once. ``echo`` gets each line go build
     prints: the modules it downloads and, with -v, each package it compiles."""
-    bin_dir = build.bin_dir()
-    paths = {name: bin_dir / name for name in build.packages}
-    missing = {name: pkg for name, pkg in build.packages.items() if not paths[name].exists()}
-    if not missing:
-        return paths
+    ensure_all([build], quiet=quiet, echo=echo)
+    return {name: build.bin_dir() / name for name in build.packages}
+
+
+def ensure_all(builds: Sequence[GoBuild], *, quiet: bool = False, echo: Callable[[str], None] = _discard) -> None:
+    """Build what is missing of ``builds`` with one ``go build`` per module: within one, Go compiles the
+    packages the binaries share once and links each binary while it still compiles others, where one build
+    after another leaves a core idle at each one's start (loading the packages) and end (the last links)."""
+    by_module: dict[str, list[GoBuild]] = {}
+    for build in builds:
+        by_module.setdefault(build.module_dir, []).append(build)
+    for module_dir, group in by_module.items():
+        missing = [
+            Missing(build, name, package)
+            for build in group
+            for name, package in build.packages.items()
+            if not (build.bin_dir() / name).exists()
+        ]
+        if missing:
+            _build(module_dir, missing, quiet=quiet, echo=echo)
+
+
+@dataclass(frozen=True)
+class Missing:
+    """One binary to build: its build (versions, flags, cache directory), its name and its main package."""
+
+    build: GoBuild
+    name: str
+    package: str
+
+
+def go_build_argv(go: str, missing: Sequence[Missing], staging: Path) -> list[str]:
+    """One go build for binaries of one module. Each main package gets its own build's -ldflags (Go applies a
+    ``pattern=`` flag to the packages it names); the tags are the union, as each is read only by the module
+    that defines it (Prometheus's ``remove_all_sd``)."""
+    tags = ",".join(dict.fromkeys(t for m in missing for t in m.build.tags.split(",") if t))
+    argv = [go, "build", "-v", "-trimpath", *(["-tags", tags] if tags else [])]
+    argv += [f"-ldflags={m.package}={m.build.ldflags}" for m in missing]
+    return [*argv, "-o", str(staging) + "/", *(m.package for m in missing)]
+
+
+def _build(module_dir: str, missing: Sequence[Missing], *, quiet: bool, echo: Callable[[str], None]) -> None:
     go = _go()
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    staging = bin_dir / ".staging"
-    staging.mkdir(exist_ok=True)
+    staging = cache_dir() / "bin" / f".staging-{module_dir}"
+    staging.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(m.build.key for m in missing))
+    names = ", ".join(m.name for m in missing)
     if not quiet:
-        print(f"building {', '.join(missing)} ({build.key}) into {bin_dir}", flush=True)
+        print(f"building {names} ({'+'.join(keys)}) into {cache_dir() / 'bin'}", flush=True)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-    tags = ["-tags", build.tags] if build.tags else []
-    cmd = [go, "build", "-v", "-trimpath", *tags, "-ldflags", build.ldflags, "-o", str(staging) + "/"]
-    code, said = _run_go([*cmd, *missing.values()], cwd=TOOLS_DIR / build.module_dir, env=env, echo=echo)
+    code, said = _run_go(go_build_argv(go, missing, staging), cwd=TOOLS_DIR / module_dir, env=env, echo=echo)
     if code != 0:
         if echo is _discard:  # else its lines are out already
             print("\n".join(said[-40:]))
-        raise BoxError(_explain_go_failure(", ".join(missing), "\n".join(said)))
-    for name, pkg in missing.items():
-        built = staging / _go_binary_name(pkg)
+        raise BoxError(_explain_go_failure(names, "\n".join(said)))
+    for m in missing:
+        m.build.bin_dir().mkdir(parents=True, exist_ok=True)
         # rename is atomic: a killed build never leaves a half-written binary under its final name
-        built.rename(paths[name])
+        (staging / _go_binary_name(m.package)).rename(m.build.bin_dir() / m.name)
     staging.rmdir()
-    return paths
 
 
 # what go build -v prints for each package it compiles: the import path alone
@@ -313,9 +348,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop_like_ctrl_c()
     echo = (lambda line: print(line, flush=True)) if args.progress else _discard
     try:
-        for build in builds_for(args.purpose):
-            paths = ensure(build, echo=echo)
-            print(f"{build.key}: {' '.join(sorted(p.name for p in paths.values()))} in {build.bin_dir()}", flush=True)
+        builds = builds_for(args.purpose)
+        ensure_all(builds, echo=echo)
+        for build in builds:
+            print(f"{build.key}: {' '.join(sorted(build.packages))} in {build.bin_dir()}", flush=True)
     except BoxError as err:
         print(f"ddpjob: {err}", file=sys.stderr)
         sys.exit(2)

@@ -97,3 +97,8 @@ def test_an_import_into_a_node_store_names_the_image_and_the_store() -> None:
         "importing ghcr.io/ddpjob/trainer:0.1.0-0a1b2c into node store 1",
     ]
     assert read_all(ImageFigure(), lines) == "importing trainer into node store 1"
+
+
+def test_one_go_build_of_several_keys_names_each() -> None:
+    line = "building etcd, helm (k8s-v1.37.2-etcd-v3.7.2+helm-v3.19.5+prometheus-v0.316.0) into /c/bin"
+    assert read_all(GoFigure(), [line, "internal/goarch"]) == "building k8s+helm+prometheus, 1 Go packages compiled"

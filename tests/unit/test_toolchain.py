@@ -29,3 +29,32 @@ def test_a_changed_go_sum_moves_every_box_binary_and_only_those(
     assert toolchain.kueue_build().bin_dir().name in before & after
     assert len(before - after) == 4  # the control plane with the node's binaries, CoreDNS, helm, Prometheus
     assert all(name.startswith(("k8s-v", "coredns-v", "helm-v", "prometheus-v")) for name in after - before)
+
+
+def test_the_box_binaries_are_one_go_build_each_with_its_own_link_flags_and_kueue_another(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DDPJOB_CACHE", str(tmp_path))
+    calls: list[tuple[str, list[toolchain.Missing]]] = []
+    monkeypatch.setattr(toolchain, "_build", lambda module, missing, **_: calls.append((module, list(missing))))
+    toolchain.ensure_all(toolchain.builds_for("test"))
+    assert [module for module, _ in calls] == [toolchain.BOX_MODULE, "kueue"]
+    box = calls[0][1]
+    argv = toolchain.go_build_argv("go", box, tmp_path / "staging")
+    for m in box:
+        assert argv.count(f"-ldflags={m.package}={m.build.ldflags}") == 1
+    assert argv[argv.index("-tags") + 1] == toolchain.prometheus_build().tags
+    assert argv[-len(box) :] == [m.package for m in box]
+    assert "-X k8s.io/component-base/version.gitVersion=v" in toolchain.kubernetes_build().ldflags
+    assert "helm.sh/helm/v3/internal/version" not in toolchain.kubernetes_build().ldflags
+
+
+def test_a_binary_already_built_is_not_built_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DDPJOB_CACHE", str(tmp_path))
+    helm = toolchain.helm_build()
+    helm.bin_dir().mkdir(parents=True)
+    (helm.bin_dir() / "helm").touch()
+    calls: list[list[str]] = []
+    monkeypatch.setattr(toolchain, "_build", lambda module, missing, **_: calls.append([m.name for m in missing]))
+    toolchain.ensure_all([helm, toolchain.coredns_build()])
+    assert calls == [["coredns"]]
