@@ -47,7 +47,13 @@ def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
 ) -> None:
     start(raw, namespace, progressDeadlineSeconds=6)
     raw.set_all(namespace, "train", "Running", trainer=training())
-    wait_for(lambda: raw.status(namespace, "train").get("progress", {}).get("step", 0) > 0, what="steps")
+    # Running: a poll saw both ranks joined. A step alone may be rank 0's, and a rank 1 silenced before any poll saw
+    # it join leaves the job in Rendezvous, where the progress deadline does not apply (a loop run failed so).
+    wait_for(
+        lambda: (s := raw.status(namespace, "train")).get("phase") == "Running" and s["progress"]["step"] > 0,
+        what="Running, with steps",
+        seen=lambda: raw.status(namespace, "train"),
+    )
     raw.set_pod(namespace, "train-0", "Running", trainer=trainer_metrics(steps=10**3))  # waits for rank 1...
     raw.set_pod(namespace, "train-1", "Running", trainer=HANG)  # ...which answers no more
 
@@ -57,7 +63,11 @@ def test_a_silent_rank_is_shown_in_status_and_no_progress_restarts_the_gang(
 
     ranks = wait_for(silent, what="rank 1 shown as not answering")
     assert ranks[1]["error"] == "no answer within 2s" and ranks[0]["step"] == 1000
-    status = wait_for(lambda: (s := raw.status(namespace, "train")).get("restarts") == 1 and s, what="a restart")
+    status = wait_for(
+        lambda: (s := raw.status(namespace, "train")).get("restarts") == 1 and s,
+        what="a restart",
+        seen=lambda: raw.status(namespace, "train"),
+    )
     restarting = condition(status, "Restarting")
     assert restarting["reason"] == "NoProgress"
     assert "no rank advanced its step for 6s (spec.progressDeadlineSeconds=6)" in restarting["message"]
