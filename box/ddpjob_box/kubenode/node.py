@@ -195,27 +195,8 @@ class KubeletNode:
         wait_until("CoreDNS /ready", lambda: _http_ok(f"http://127.0.0.1:{ready}/ready"), 60, watch=[self.coredns])
 
     def _start_containerd(self) -> None:
-        layout = self.layout
-        layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
-        layout.containerd_config.write_text(containerd_toml(layout, self.sandbox_image))
-        layout.socket_dir.mkdir(parents=True, exist_ok=True)
-        self.containerd = Component(
-            "containerd",
-            [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
-            self.plane.logs_dir / f"containerd-{self.name}.log",
-        )
-        self.containerd.start()
-        ctr = shutil.which("ctr") or "ctr"
-        wait_until(
-            "containerd to serve",
-            lambda: (
-                subprocess.run(
-                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
-                ).returncode
-                == 0
-            ),
-            30,
-            watch=[self.containerd],
+        self.containerd = start_containerd(
+            self.layout, self.sandbox_image, self.plane.logs_dir / f"containerd-{self.name}.log"
         )
 
     def _purge_store(self) -> None:
@@ -476,6 +457,36 @@ def recover(directory: Path) -> bool:
     _restore(before, layout, data["bridge"], cgroup_root)
     record.unlink()
     return True
+
+
+def start_containerd(layout: NodeLayout, sandbox_image: str, log_path: Path) -> Component:
+    """containerd with a node's configuration on ``layout``, serving when this returns (stopped if it never does)."""
+    layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+    layout.containerd_config.write_text(containerd_toml(layout, sandbox_image))
+    layout.socket_dir.mkdir(parents=True, exist_ok=True)
+    containerd = Component(
+        "containerd",
+        [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
+        log_path,
+    )
+    ctr = shutil.which("ctr") or "ctr"
+    containerd.start()
+    try:
+        wait_until(
+            "containerd to serve",
+            lambda: (
+                subprocess.run(
+                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            30,
+            watch=[containerd],
+        )
+    except BaseException:
+        containerd.stop()
+        raise
+    return containerd
 
 
 def kill_pods(before: hoststate.HostState, socket: Path, cgroup_root: str) -> None:

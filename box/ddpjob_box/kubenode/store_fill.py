@@ -14,7 +14,6 @@ its command runs side by side).
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -24,10 +23,9 @@ from pathlib import Path
 from ddpjob_box import images as local_images
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import store
-from ddpjob_box.kubenode.configs import NodeLayout, containerd_toml
-from ddpjob_box.kubenode.node import Importer
+from ddpjob_box.kubenode.configs import NodeLayout
+from ddpjob_box.kubenode.node import Importer, start_containerd
 from ddpjob_box.overlap import stop_like_ctrl_c
-from ddpjob_box.processes import Component, wait_until
 
 
 def node_images() -> list[str]:
@@ -79,28 +77,8 @@ def containerd_on(root: Path, sandbox_image: str, work: Path) -> Iterator[Path]:
     """A containerd on the store at ``root``, configured as a node's is (its state, sockets and log under
     ``work``); yields its socket and stops it after."""
     layout = _FillLayout(work, root)
-    layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
-    layout.containerd_config.write_text(containerd_toml(layout, sandbox_image))
-    layout.socket_dir.mkdir(parents=True, exist_ok=True)
-    containerd = Component(
-        "containerd",
-        [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
-        work / "containerd.log",
-    )
-    ctr = shutil.which("ctr") or "ctr"
+    containerd = start_containerd(layout, sandbox_image, work / "containerd.log")
     try:
-        containerd.start()
-        wait_until(
-            "containerd to serve",
-            lambda: (
-                subprocess.run(
-                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
-                ).returncode
-                == 0
-            ),
-            30,
-            watch=[containerd],
-        )
         yield layout.containerd_socket
     finally:
         containerd.stop()
