@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ddpjob_box.prepare import split_command, steps_for
@@ -50,3 +55,21 @@ def test_the_setup_fills_a_node_store_for_each_node_its_command_runs_at_once() -
         return str(step.argv[step.argv.index("--stores") + 1])
 
     assert (stores("demo"), stores("test"), stores("setup")) == ("1", "2", "2")
+
+
+def test_every_python_step_imports_with_the_standard_library_alone() -> None:
+    """The setup runs its steps on the system's python3 with PYTHONPATH=box, before (or beside) the venv: a step
+    that imports the project's other packages fails on a fresh machine (the store fill's first version did)."""
+    root = Path(__file__).resolve().parents[2]
+    modules = [s.argv[2] for s in steps_for("test", python=sys.executable) if list(s.argv[1:2]) == ["-m"]]
+    assert "ddpjob_box.kubenode.store_fill" in modules
+    for module in modules:
+        # -S: no site-packages, so neither the venv's packages nor the project's installed ones are found
+        proc = subprocess.run(
+            [sys.executable, "-S", "-c", f"import {module}"],
+            cwd=root,
+            env={"PYTHONPATH": str(root / "box"), "PATH": os.environ.get("PATH", "")},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, f"{module}: {proc.stderr.strip().splitlines()[-1:]}"

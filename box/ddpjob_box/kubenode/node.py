@@ -22,7 +22,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -38,13 +38,13 @@ from ddpjob_box.kubenode.configs import (
     KubeletSettings,
     NodeLayout,
     cni_conflist,
-    containerd_toml,
     corefile,
     kube_proxy_configuration,
     kubeconfig,
     kubelet_configuration,
     to_json,
 )
+from ddpjob_box.kubenode.containerd import Importer, start_containerd
 from ddpjob_box.pki import issue_cert
 from ddpjob_box.ports import free_port
 from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
@@ -59,8 +59,6 @@ SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 # the KUBE-SERVICES chain with its own cluster's Services), so a second box's kube-proxy would send this box's
 # pods to the other box's apiserver (seen: "x509: certificate signed by unknown authority" in Kueue's pod).
 PROXY_LOCK = SOCKETS_ROOT / "kube-proxy.lock"
-# Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
-Importer = Callable[[str, Path], object]
 
 
 @dataclass
@@ -457,36 +455,6 @@ def recover(directory: Path) -> bool:
     _restore(before, layout, data["bridge"], cgroup_root)
     record.unlink()
     return True
-
-
-def start_containerd(layout: NodeLayout, sandbox_image: str, log_path: Path) -> Component:
-    """containerd with a node's configuration on ``layout``, serving when this returns (stopped if it never does)."""
-    layout.containerd_config.parent.mkdir(parents=True, exist_ok=True)
-    layout.containerd_config.write_text(containerd_toml(layout, sandbox_image))
-    layout.socket_dir.mkdir(parents=True, exist_ok=True)
-    containerd = Component(
-        "containerd",
-        [shutil.which("containerd") or "containerd", f"--config={layout.containerd_config}", "--log-level=warn"],
-        log_path,
-    )
-    ctr = shutil.which("ctr") or "ctr"
-    containerd.start()
-    try:
-        wait_until(
-            "containerd to serve",
-            lambda: (
-                subprocess.run(
-                    [ctr, "--address", str(layout.containerd_socket), "version"], capture_output=True
-                ).returncode
-                == 0
-            ),
-            30,
-            watch=[containerd],
-        )
-    except BaseException:
-        containerd.stop()
-        raise
-    return containerd
 
 
 def kill_pods(before: hoststate.HostState, socket: Path, cgroup_root: str) -> None:

@@ -24,7 +24,7 @@ from ddpjob_box import images as local_images
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import store
 from ddpjob_box.kubenode.configs import NodeLayout
-from ddpjob_box.kubenode.node import Importer, start_containerd
+from ddpjob_box.kubenode.containerd import Importer, start_containerd
 from ddpjob_box.overlap import stop_like_ctrl_c
 
 
