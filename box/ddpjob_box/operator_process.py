@@ -7,6 +7,7 @@ no operator behind; ``stop`` asks it to finish (SIGTERM, which Kopf handles), th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,22 @@ from ddpjob_box.processes import spawn, tail
 from ddpjob_operator import faults as operator_faults
 
 REPO = Path(__file__).resolve().parents[2]
+# Kopf's log lines for a request it is about to try again (kopf/_cogs/clients/api.py).
+_KOPF_RETRY = re.compile(r"Request attempt #\S+ failed; (will retry|(TCP|SSL) closed; will re-authenticate)")
+
+
+def error_lines(log: str) -> list[str]:
+    """The lines of an operator's log that report an error or a traceback.
+
+    Kopf's lines for a request it tries again are not counted: "Request attempt #1/9 failed; will
+    retry" (for instance a 429 while the apiserver re-initializes the CRD's storage after another test
+    re-applied the CRD), and "...failed; TCP closed; will re-authenticate" (its session closed while it
+    waited to retry, as when the operator stops). A request that keeps failing ends in a line this
+    still counts ("failed; escalating", or a traceback).
+    """
+    return [
+        line for line in log.splitlines() if ("ERROR" in line or "Traceback" in line) and not _KOPF_RETRY.search(line)
+    ]
 
 
 class OperatorProcess:
@@ -60,8 +77,8 @@ class OperatorProcess:
         return tail(self.log_path, lines)
 
     def errors(self) -> list[str]:
-        """Lines where it logged an error or a traceback."""
-        return [line for line in self.log().splitlines() if "ERROR" in line or "Traceback" in line]
+        """Lines where it logged an error or a traceback (``error_lines``)."""
+        return error_lines(self.log())
 
     def stop(self, grace: float = 20.0) -> None:
         if self.proc.poll() is None:

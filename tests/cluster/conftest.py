@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from .helpers import Raw, apply_crd, operator_errors
+from ddpjob_box.operator_process import error_lines
+
+from .helpers import Raw, apply_crd
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +85,7 @@ class Operator:
 
     def errors(self) -> list[str]:
         """Lines where the operator logged an error or a traceback (read after it stopped)."""
-        return operator_errors(self.runner.output)
+        return error_lines(self.runner.output)
 
 
 @pytest.fixture

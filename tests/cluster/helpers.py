@@ -10,7 +10,6 @@ import copy
 import itertools
 import json
 import random
-import re
 import socket
 import tempfile
 import threading
@@ -127,24 +126,6 @@ class FakeTrainers:
         self._ips.clear()
         self._texts.clear()
         self._closed = threading.Event()
-
-
-# Kopf's log lines for a request it is about to try again (kopf/_cogs/clients/api.py).
-_KOPF_RETRY = re.compile(r"Request attempt #\S+ failed; (will retry|(TCP|SSL) closed; will re-authenticate)")
-
-
-def operator_errors(log: str) -> list[str]:
-    """The lines of an operator's log that report an error or a traceback.
-
-    Kopf's lines for a request it tries again are not counted: "Request attempt #1/9 failed; will
-    retry" (for instance a 429 while the apiserver re-initializes the CRD's storage after another test
-    re-applied the CRD), and "...failed; TCP closed; will re-authenticate" (its session closed while it
-    waited to retry, as when the operator stops). A request that keeps failing ends in a line this
-    still counts ("failed; escalating", or a traceback).
-    """
-    return [
-        line for line in log.splitlines() if ("ERROR" in line or "Traceback" in line) and not _KOPF_RETRY.search(line)
-    ]
 
 
 def free_port() -> int:

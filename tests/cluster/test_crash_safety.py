@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from ddpjob_box.operator_process import error_lines
 from ddpjob_box.ports import free_port
 from ddpjob_contract.pods import LABEL_ATTEMPT
 from ddpjob_operator import faults
 from ddpjob_operator.controller import CREATE_PARALLELISM
 
-from .helpers import Raw, job_body, operator_errors, wait_for
+from .helpers import Raw, job_body, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -98,7 +99,7 @@ def test_an_operator_killed_while_creating_pods_finishes_the_job_without_duplica
             assert f"ddpjob_operator_{name}" in metrics
         assert urllib.request.urlopen(liveness, timeout=10).status == 200
     assert len(raw.events(namespace, "big")) == len({e["reason"] for e in raw.events(namespace, "big")})
-    assert [line for line in operator_errors(log.read_text(errors="replace")) if "pod-created" not in line] == []
+    assert [line for line in error_lines(log.read_text(errors="replace")) if "pod-created" not in line] == []
 
 
 def test_an_operator_killed_during_a_gang_restart_counts_the_restart_once(
@@ -128,4 +129,4 @@ def test_an_operator_killed_during_a_gang_restart_counts_the_restart_once(
         wait_for(lambda: raw.status(namespace, "gang").get("launchedAttempt") == 1, what="launch of attempt 1")
     status = raw.status(namespace, "gang")
     assert (status["attempt"], status["restarts"]) == (1, 1), "one failure, one restart"
-    assert operator_errors(log.read_text(errors="replace")) == []
+    assert error_lines(log.read_text(errors="replace")) == []
