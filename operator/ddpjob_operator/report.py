@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -120,6 +121,12 @@ def rate_window(span_seconds: float, scrape_seconds: float) -> float:
     """Whole seconds each rate averages over: at least ``MIN_SCRAPES_PER_WINDOW`` scrapes, and on a long
     run ``RUN_FRACTION_PER_WINDOW`` of it."""
     return float(math.ceil(max(MIN_SCRAPES_PER_WINDOW * scrape_seconds, RUN_FRACTION_PER_WINDOW * span_seconds)))
+
+
+def promql_duration(seconds: float) -> str:
+    """A PromQL duration: whole milliseconds, as PromQL reads no fractions ("1.001s" is a parse error, and a
+    scrape interval read off jittered samples is such a number)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def query_step(span_seconds: float, scrape_seconds: float) -> float:
@@ -273,7 +280,7 @@ def from_prometheus(
     window = window or rate_window(span.seconds, scrape_seconds)
     data = ReportData(job=job, namespace=namespace, source="prometheus", span=span, rate_window=window)
     data.training = training = _training(url, sel, span, scrape_seconds)
-    w, step = f"{window:g}s", query_step(span.seconds, scrape_seconds)
+    w, step = promql_duration(window), query_step(span.seconds, scrape_seconds)
 
     def series(promql: str) -> list[tuple[str, list[Point]]]:
         found = _prom(url, "query_range", promql, start=span.start, end=span.end, step=step)
@@ -330,7 +337,7 @@ def _whole(span: Span) -> str:
 def _first_seen(metric: str, sel: str, whole: str, scrape_seconds: float) -> str:
     """The value at the first scrape over ``whole`` that saw it above 0, per series: the first step's scrape
     (``_training`` and ``_over_training`` read the same one)."""
-    return f"min_over_time(({metric}{{{sel}}} > 0)[{whole}:{scrape_seconds:g}s])"
+    return f"min_over_time(({metric}{{{sel}}} > 0)[{whole}:{promql_duration(scrape_seconds)}])"
 
 
 def _training(url: str, sel: str, span: Span, scrape_seconds: float) -> tuple[float, float] | None:
@@ -361,8 +368,16 @@ def _phases(url: str, sel: str, span: Span) -> dict[str, dict[str, float]]:
 
 def _prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[str, Any]]:
     query = urllib.parse.urlencode({"query": promql, **{k: f"{v:.3f}" for k, v in params.items()}})
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{endpoint}?{query}", timeout=30) as response:
-        body = json.load(response)
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{endpoint}?{query}", timeout=30) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as err:  # Prometheus answers a query it refuses with 400 and says why
+        said = err.read().decode(errors="replace")
+        try:
+            said = json.loads(said).get("error", said)
+        except ValueError:
+            pass
+        raise ReportError(f"Prometheus at {url} refused the query {promql!r}: {said or err}") from None
     if body.get("status") != "success":
         raise ReportError(f"Prometheus at {url} refused the query: {body.get('error', body)}")
     return list(body["data"]["result"])

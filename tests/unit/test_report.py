@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -219,3 +223,50 @@ def test_the_time_axes_shade_the_training() -> None:
     legend = ax.get_legend()
     assert legend is not None and "training (first to last step)" in [t.get_text() for t in legend.get_texts()]
     assert len(ax.get_lines()) == 1, "the shading is no line"
+
+
+def test_every_duration_in_the_reports_queries_is_one_promql_reads_even_off_jittered_scrapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Samples 1.001 s apart (a scrape late by a millisecond, under load) once made "[1200s:1.001s]", which
+    Prometheus refuses with 400 ("unknown unit"): a loop run of the e2e report test failed so."""
+    queries: list[str] = []
+
+    def prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[str, object]]:
+        queries.append(promql)
+        values = [[T0 + 1.001 * i, str(i)] for i in range(20)]
+        return [{"metric": {"rank": "0"}, "values": values, "value": [T0 + 20, "1"]}]
+
+    monkeypatch.setattr(report, "_prom", prom)
+    report.from_prometheus("http://prom", "ns", "job", report.Span(T0, T0 + 1200, finished=False), window=2.5)
+    durations = [d for q in queries for d in re.findall(r"\[([^\]]+)\]", q)]
+    assert durations and all(re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+(:(\d+(ms|s|m|h|d|w|y))+)?", d) for d in durations), (
+        durations
+    )
+    assert "1200s:1001ms" in durations and "2500ms" in durations
+
+
+def test_a_query_prometheus_refuses_is_one_line_naming_the_query_and_prometheus_reason() -> None:
+    said = {"status": "error", "errorType": "bad_data", "error": 'parse error: unknown unit "." in duration "1.5s"'}
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # Prometheus' answer to a query it cannot parse
+            body = json.dumps(said).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(report.ReportError) as err:
+            report._prom(f"http://127.0.0.1:{server.server_port}", "query", "up[1.5s]")
+    finally:
+        server.shutdown()
+    assert str(err.value) == (
+        f"Prometheus at http://127.0.0.1:{server.server_port} refused the query 'up[1.5s]': {said['error']}"
+    )
