@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,8 +284,19 @@ def go_build_argv(go: str, missing: Sequence[Missing], staging: Path) -> list[st
 
 def _build(module_dir: str, missing: Sequence[Missing], *, quiet: bool, echo: Callable[[str], None]) -> None:
     go = _go()
-    staging = cache_dir() / "bin" / f".staging-{module_dir}"
-    staging.mkdir(parents=True, exist_ok=True)
+    (cache_dir() / "bin").mkdir(parents=True, exist_ok=True)
+    # one per build, beside the cache (so the renames below stay atomic): a killed build's leftovers, or another
+    # process's build of other versions, never land in this one's cache directories
+    staging = Path(tempfile.mkdtemp(dir=cache_dir() / "bin", prefix=f".staging-{module_dir}-"))
+    try:
+        _build_into(go, module_dir, missing, staging, quiet=quiet, echo=echo)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _build_into(
+    go: str, module_dir: str, missing: Sequence[Missing], staging: Path, *, quiet: bool, echo: Callable[[str], None]
+) -> None:
     keys = list(dict.fromkeys(m.build.key for m in missing))
     names = ", ".join(m.name for m in missing)
     if not quiet:
@@ -299,7 +311,6 @@ def _build(module_dir: str, missing: Sequence[Missing], *, quiet: bool, echo: Ca
         m.build.bin_dir().mkdir(parents=True, exist_ok=True)
         # rename is atomic: a killed build never leaves a half-written binary under its final name
         (staging / _go_binary_name(m.package)).rename(m.build.bin_dir() / m.name)
-    staging.rmdir()
 
 
 # what go build -v prints for each package it compiles: the import path alone

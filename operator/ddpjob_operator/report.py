@@ -374,9 +374,11 @@ def _prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[st
     except urllib.error.HTTPError as err:  # Prometheus answers a query it refuses with 400 and says why
         said = err.read().decode(errors="replace")
         try:
-            said = json.loads(said).get("error", said)
+            answer = json.loads(said)
         except ValueError:
-            pass
+            answer = None
+        if isinstance(answer, dict) and answer.get("error"):
+            said = str(answer["error"])
         raise ReportError(f"Prometheus at {url} refused the query {promql!r}: {said or err}") from None
     if body.get("status") != "success":
         raise ReportError(f"Prometheus at {url} refused the query: {body.get('error', body)}")

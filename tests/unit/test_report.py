@@ -267,6 +267,7 @@ def test_a_query_prometheus_refuses_is_one_line_naming_the_query_and_prometheus_
             report._prom(f"http://127.0.0.1:{server.server_port}", "query", "up[1.5s]")
     finally:
         server.shutdown()
+        server.server_close()
     assert str(err.value) == (
         f"Prometheus at http://127.0.0.1:{server.server_port} refused the query 'up[1.5s]': {said['error']}"
     )

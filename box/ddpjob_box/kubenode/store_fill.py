@@ -46,9 +46,13 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
     sandbox (pause) image is ``names[0]``."""
     filled: list[Path] = []
     with ExitStack() as held:
-        leases = []
+        leases: list[store.StoreLease] = []
         for _ in range(stores):
-            lease = store.lease()
+            try:
+                lease = store.lease()
+            except BoxError as err:  # running nodes hold the rest: theirs hold the images already
+                print(f"filling {len(leases)} node stores, not {stores}: {err}", flush=True)
+                break
             held.callback(lease.release, clean=not lease.dirty)
             leases.append(lease)
         for number, lease in enumerate(leases):
