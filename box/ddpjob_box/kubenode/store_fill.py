@@ -13,11 +13,12 @@ its command runs side by side).
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from ddpjob_box import images as local_images
@@ -67,13 +68,17 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
     return filled
 
 
+FILL_SOCKETS_ROOT = Path("/run/ddpjob-fill")
+
+
 class _FillLayout(NodeLayout):
-    """A node's layout, with its sockets under its own directory rather than the host's socket root, where a
-    running node would count this containerd as another node's (``node.live_nodes``)."""
+    """A node's layout, with its sockets in a short directory of their own (a unix socket path stops at 107
+    bytes), outside the host's socket root, where a running node would count this containerd as another node's
+    (``node.live_nodes``)."""
 
     @property
     def socket_dir(self) -> Path:
-        return self.root / "sockets"
+        return FILL_SOCKETS_ROOT / hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
 
 
 @contextmanager
@@ -86,6 +91,9 @@ def containerd_on(root: Path, sandbox_image: str, work: Path) -> Iterator[Path]:
         yield layout.containerd_socket
     finally:
         containerd.stop()
+        shutil.rmtree(layout.socket_dir, ignore_errors=True)
+        with suppress(OSError):
+            FILL_SOCKETS_ROOT.rmdir()  # only when no other fill's sockets are there
 
 
 def main(argv: Sequence[str] | None = None) -> None:
