@@ -30,6 +30,8 @@ class NodeLayout:
 
     root: Path
     containerd_root: Path
+    # where its socket directory goes: another root keeps a containerd from counting as a node's (store_fill)
+    sockets_root: Path = SOCKETS_ROOT
 
     @property
     def containerd_state(self) -> Path:
@@ -39,7 +41,7 @@ class NodeLayout:
     def socket_dir(self) -> Path:
         """containerd's sockets, in a short directory of their own: a unix socket path has at most 107 bytes,
         which a data directory nested in a test's temporary directory can use up by itself."""
-        return SOCKETS_ROOT / hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return self.sockets_root / hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
 
     @property
     def containerd_socket(self) -> Path:

@@ -13,7 +13,6 @@ its command runs side by side).
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
 import tempfile
@@ -69,23 +68,15 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
 
 
 FILL_SOCKETS_ROOT = Path("/run/ddpjob-fill")
-
-
-class _FillLayout(NodeLayout):
-    """A node's layout, with its sockets in a short directory of their own (a unix socket path stops at 107
-    bytes), outside the host's socket root, where a running node would count this containerd as another node's
-    (``node.live_nodes``)."""
-
-    @property
-    def socket_dir(self) -> Path:
-        return FILL_SOCKETS_ROOT / hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+"""The fill's containerd sockets: outside the host's socket root, where a running node would count its containerd as
+another node's (``node.live_nodes``)."""
 
 
 @contextmanager
 def containerd_on(root: Path, sandbox_image: str, work: Path) -> Iterator[Path]:
     """A containerd on the store at ``root``, configured as a node's is (its state, sockets and log under
     ``work``); yields its socket and stops it after."""
-    layout = _FillLayout(work, root)
+    layout = NodeLayout(work, root, sockets_root=FILL_SOCKETS_ROOT)
     containerd = start_containerd(layout, sandbox_image, work / "containerd.log")
     try:
         yield layout.containerd_socket
