@@ -285,32 +285,24 @@ def go_build_argv(go: str, missing: Sequence[Missing], staging: Path) -> list[st
 def _build(module_dir: str, missing: Sequence[Missing], *, quiet: bool, echo: Callable[[str], None]) -> None:
     go = _go()
     (cache_dir() / "bin").mkdir(parents=True, exist_ok=True)
-    # one per build, beside the cache (so the renames below stay atomic): a killed build's leftovers, or another
-    # process's build of other versions, never land in this one's cache directories
-    staging = Path(tempfile.mkdtemp(dir=cache_dir() / "bin", prefix=f".staging-{module_dir}-"))
-    try:
-        _build_into(go, module_dir, missing, staging, quiet=quiet, echo=echo)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _build_into(
-    go: str, module_dir: str, missing: Sequence[Missing], staging: Path, *, quiet: bool, echo: Callable[[str], None]
-) -> None:
     keys = list(dict.fromkeys(m.build.key for m in missing))
     names = ", ".join(m.name for m in missing)
     if not quiet:
         print(f"building {names} ({'+'.join(keys)}) into {cache_dir() / 'bin'}", flush=True)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-    code, said = _run_go(go_build_argv(go, missing, staging), cwd=TOOLS_DIR / module_dir, env=env, echo=echo)
-    if code != 0:
-        if echo is _discard:  # else its lines are out already
-            print("\n".join(said[-40:]))
-        raise BoxError(_explain_go_failure(names, "\n".join(said)))
-    for m in missing:
-        m.build.bin_dir().mkdir(parents=True, exist_ok=True)
-        # rename is atomic: a killed build never leaves a half-written binary under its final name
-        (staging / _go_binary_name(m.package)).rename(m.build.bin_dir() / m.name)
+    # one staging directory per build, beside the cache (so the renames below stay atomic): a killed build's
+    # leftovers, or another process's build of other versions, never land in this one's cache directories
+    with tempfile.TemporaryDirectory(dir=cache_dir() / "bin", prefix=f".staging-{module_dir}-") as tmp:
+        staging = Path(tmp)
+        code, said = _run_go(go_build_argv(go, missing, staging), cwd=TOOLS_DIR / module_dir, env=env, echo=echo)
+        if code != 0:
+            if echo is _discard:  # else its lines are out already
+                print("\n".join(said[-40:]))
+            raise BoxError(_explain_go_failure(names, "\n".join(said)))
+        for m in missing:
+            m.build.bin_dir().mkdir(parents=True, exist_ok=True)
+            # rename is atomic: a killed build never leaves a half-written binary under its final name
+            (staging / _go_binary_name(m.package)).rename(m.build.bin_dir() / m.name)
 
 
 # what go build -v prints for each package it compiles: the import path alone
