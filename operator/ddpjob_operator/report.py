@@ -371,18 +371,21 @@ def _prom(url: str, endpoint: str, promql: str, **params: float) -> list[dict[st
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{endpoint}?{query}", timeout=30) as response:
             body = json.load(response)
-    except urllib.error.HTTPError as err:  # Prometheus answers a query it refuses with 400 and says why
-        said = err.read().decode(errors="replace")
-        try:
-            answer = json.loads(said)
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and answer.get("error"):
-            said = str(answer["error"])
-        raise ReportError(f"Prometheus at {url} refused the query {promql!r}: {said or err}") from None
+    except urllib.error.HTTPError as err:  # a query Prometheus refuses: 400, with the same JSON body saying why
+        body = _error_body(err)
     if body.get("status") != "success":
-        raise ReportError(f"Prometheus at {url} refused the query: {body.get('error', body)}")
+        raise ReportError(f"Prometheus at {url} refused the query {promql!r}: {body.get('error', body)}")
     return list(body["data"]["result"])
+
+
+def _error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+    """Prometheus' JSON answer to a refused query, or its text as the error when it is not JSON."""
+    text = err.read().decode(errors="replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    return body if isinstance(body, dict) else {"status": "error", "error": text or str(err)}
 
 
 def _points(values: Sequence[Sequence[Any]], start: float) -> list[Point]:
