@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from ddpjob_box.box import Box, shipped_images
+from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
+from ddpjob_box.images import shipped_images
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.prometheus import Prometheus
 from tests import workers

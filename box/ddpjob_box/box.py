@@ -30,11 +30,6 @@ KUEUE_SLOTS = 8
 is then what holds a job back."""
 
 
-def shipped_images() -> list[str]:
-    """The operator and trainer images, built from the Dockerfile (cached by their inputs)."""
-    return [local_images.ensure_target(target, quiet=True) for target in local_images.TARGETS]
-
-
 @dataclass
 class Box:
     data_dir: Path
@@ -78,7 +73,7 @@ class Box:
             self.plane.start()
             if self.with_node:
                 kueue_image = [local_images.ensure_kueue()] if self.with_kueue else []
-                self.start_node(images=[*shipped_images(), *kueue_image], slots=self.node_slots())
+                self.start_node(images=[*local_images.shipped_images(), *kueue_image], slots=self.node_slots())
             if self.with_kueue:
                 self.start_kueue()
             if self.with_prometheus:
@@ -143,7 +138,7 @@ class Box:
         until it is ready (``Box.kueue.stop()`` and ``.start()`` then take it down and up again for tests)."""
         assert self.plane is not None
         if self.kueue is None:
-            node = self.node or self.start_node(images=shipped_images(), slots=self.node_slots())
+            node = self.node or self.start_node(images=local_images.shipped_images(), slots=self.node_slots())
             started = time.monotonic()
             image = local_images.ensure_kueue()
             if local_images.import_into_containerd(image, node.layout.containerd_socket):

@@ -545,6 +545,11 @@ def ensure_target(target: str, *, quiet: bool = False) -> str:
 KEEP_BUILDS = 3
 
 
+def shipped_images() -> list[str]:
+    """The operator and trainer images, built from the Dockerfile (cached by their inputs)."""
+    return [ensure_target(target, quiet=True) for target in TARGETS]
+
+
 def drop_older(keyed: str) -> None:
     """Remove all but the newest builds of ``keyed``'s repository. Untagged stage images stay: they are
     buildah's layer cache, and removing one breaks the cache of every step built on it."""

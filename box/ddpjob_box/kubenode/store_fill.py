@@ -35,7 +35,7 @@ def node_images() -> list[str]:
             [
                 local_images.ensure_pause(quiet=True),
                 local_images.ensure_base(quiet=True),
-                *(local_images.ensure_target(target, quiet=True) for target in local_images.TARGETS),
+                *local_images.shipped_images(),
             ]
         )
     )
