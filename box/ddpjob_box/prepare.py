@@ -52,15 +52,13 @@ def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:
             after=("Debian packages",),
             figure=ImageFigure,
         ),
-    ]
-    steps.append(
         Step(
             "node stores",
             [python, "-m", "ddpjob_box.kubenode.store_fill", "--stores", str(NODES_SIDE_BY_SIDE[purpose])],
             after=("images",),
             figure=ImageFigure,
-        )
-    )
+        ),
+    ]
     if purpose == "test":
         steps.append(Step("lint", [*sub_make, "lint"], after=("venv",)))
     return steps
