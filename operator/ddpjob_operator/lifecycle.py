@@ -36,6 +36,7 @@ from ddpjob_operator.policies import (
 )
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.status import (
+    Condition,
     JobStatus,
     Observation,
     PodView,
@@ -466,10 +467,19 @@ def _cannot_start(v: View) -> Transition | None:
     why = _why_not_started(v)
     if why is not None:
         reason, message = why
-        return None if said and said.message == message else Wait(blocked=message, reason=reason)  # said once
+        return None if said and _said_already(said, reason, message) else Wait(blocked=message, reason=reason)
     stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE, Reason.POD_CREATE_FAILED)
     unblocked = said and said.reason in stuck and v.status.phase is not Phase.RESTARTING
     return Wait(unblocked=True) if unblocked else None
+
+
+def _said_already(said: Condition, reason: Reason, message: str) -> bool:
+    """Said once. A gang's pods take turns carrying the scheduler's words ('Insufficient nvidia.com/gpu'), and
+    between turns all of them may carry only the gang's count: that does not replace the words said before."""
+    if said.message == message:
+        return True
+    kept = said.reason == reason and gang.says_why(said.message) and not gang.says_why(message)
+    return reason is Reason.UNSCHEDULABLE and kept
 
 
 def _why_not_started(v: View) -> tuple[Reason, str] | None:

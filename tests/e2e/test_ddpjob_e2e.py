@@ -248,12 +248,15 @@ def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
     assert "nvidia.com/gpu" in condition.message
 
     def said() -> Any:
+        # The gang's pods take turns carrying the scheduler's words; the status keeps them once said.
         running = jobs.condition(name, "Running")
-        return running if running and running["reason"] == "Unschedulable" else None
+        why = running and running["reason"] == "Unschedulable" and "nvidia.com/gpu" in running["message"]
+        return running if why else None
 
-    running = wait_for("the job's status to say why", said, 60, interval=1, seen=lambda: jobs.status(name))
-    assert "nvidia.com/gpu" in running["message"], running
-    time.sleep(5)
+    wait_for("the job's status to name nvidia.com/gpu", said, 60, interval=1, seen=lambda: jobs.status(name))
+    for _ in range(5):  # and keeps them
+        time.sleep(1)
+        assert "nvidia.com/gpu" in (jobs.condition(name, "Running") or {}).get("message", ""), jobs.status(name)
     assert jobs.status(name).get("phase") == "Pending"
     assert jobs.pod(f"{name}-0").status.phase == "Pending"
 

@@ -319,6 +319,27 @@ def test_a_gang_the_scheduler_cannot_place_says_it_is_placed_all_or_nothing() ->
     assert "Insufficient example.com/slot" in running_.message
 
 
+def test_a_gang_keeps_the_schedulers_words_while_its_pods_carry_only_the_gangs_count() -> None:
+    c = FakeCluster(job(replicas=2))
+    status = plan(c.job, c.status, [], T0, pod_groups=True).status
+    count = "minCount (2) cannot be satisfied: 0 scheduled, 1 remaining"
+    words = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+    def said(*unschedulable: str) -> str:
+        nonlocal status
+        views = [pod(c.job, r, 0, node="", unschedulable=u) for r, u in enumerate(unschedulable)]
+        status = plan(c.job, status, views, T0, pod_groups=True).status
+        running_ = status.condition("Running")
+        assert running_ is not None and running_.reason == "Unschedulable"
+        return running_.message
+
+    assert said(count, count).endswith(count), "nothing better said yet"
+    assert said(words, count).endswith(words)
+    assert said(count, count).endswith(words), "the count alone does not replace the words"
+    other = "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims."
+    assert said(count, other).endswith(other), "new words do"
+
+
 def test_after_backoff_limit_restarts_the_job_fails_and_nothing_keeps_running() -> None:
     c = running(2, runPolicy={"backoffLimit": 1})
     c.set(1, phase="Failed", exit_code=200)

@@ -68,6 +68,12 @@ _FIT = re.compile(r"minCount \((\d+)\) cannot be satisfied: (\d+) scheduled")
 _NODES = re.compile(r"\d+/\d+ nodes are available")
 
 
+def says_why(message: str) -> bool:
+    """The scheduler's words name why no node takes a pod ('0/1 nodes are available: 1 Insufficient ...'), not
+    only the gang's count ('minCount (2) cannot be satisfied: 0 scheduled, 1 remaining')."""
+    return bool(_NODES.search(message))
+
+
 def unplaced(replicas: int, said: Sequence[str]) -> str:
     """Why a gang waits, from what the scheduler said of its pods (rank order): how many of them fit now,
     and why no node takes more, in the scheduler's words."""
