@@ -32,7 +32,7 @@ from typing import Any
 
 from ddpjob_box import toolchain
 from ddpjob_box.errors import BoxError
-from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
+from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE, SNAPSHOTTER
 from ddpjob_box.overlap import stop_like_ctrl_c
 from ddpjob_box.toolchain import cache_dir
 
@@ -354,13 +354,36 @@ def import_into_containerd(name: str, socket: Path, namespace: str = CONTAINERD_
     """Bring a local image into the containerd listening on ``socket``, under its own name.
 
     Only the blobs containerd lacks cross over: a one-line source change moves one small layer, not the
-    trainer's 3 GB of dependencies. Returns False when containerd already held that very image.
+    trainer's 3 GB of dependencies. Returns False when containerd already held that very image, unpacked.
     """
     with _layout_lock():
         digest = export_layout(name)
-        if containerd_digest(name, socket, namespace) == digest:
+        if containerd_digest(name, socket, namespace) == digest and _unpacked(digest, socket, namespace):
             return False
         _import_missing(name, digest, socket, namespace)
+    return True
+
+
+def chain_id(diff_ids: Sequence[str]) -> str:
+    """The OCI chain ID of a stack of layers: the name containerd gives the snapshot of the top one."""
+    chain = diff_ids[0]
+    for diff_id in diff_ids[1:]:
+        chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
+    return chain
+
+
+def _unpacked(digest: str, socket: Path, namespace: str) -> bool:
+    """Whether containerd holds the snapshot of the image's top layer. An import stopped while it unpacked (a
+    Ctrl-C in the setup's node stores step) leaves the image's name and blobs, but not all its snapshots, and a
+    container of it then fails to start ('parent snapshot does not exist'); importing it again unpacks it."""
+    layout = layout_dir()
+    manifest = json.loads((layout / "blobs" / "sha256" / digest.split(":")[1]).read_text())
+    config = json.loads((layout / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
+    top = chain_id(config["rootfs"]["diff_ids"])
+    try:
+        _ctr(socket, namespace, "snapshots", "--snapshotter", SNAPSHOTTER, "info", top, what=f"finding snapshot {top}")
+    except BoxError:
+        return False
     return True
 
 

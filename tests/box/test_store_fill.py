@@ -3,6 +3,8 @@ filled store imports nothing, and a store a running node holds, or a killed node
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from ddpjob_box import images
 from ddpjob_box.kubenode import store, store_fill
+from ddpjob_box.kubenode.configs import CONTAINERD_NAMESPACE
 from tests import workers
 
 
@@ -57,3 +60,23 @@ def test_a_store_a_killed_node_left_dirty_is_left_to_the_next_node(stores: Path,
         assert again.dirty, "the fill cleaned the mark a killed node left"
     finally:
         again.release(clean=True)
+
+
+def test_an_image_whose_unpack_was_stopped_is_unpacked_again(stores: Path, tmp_path: Path) -> None:
+    pause = images.ensure_pause(quiet=True)
+    lease = store.lease()
+    try:
+        with store_fill.containerd_on(lease.path, pause, tmp_path / "node") as socket:
+            images.import_into_containerd(pause, socket)
+            layout = images.layout_dir()
+            manifest = json.loads((layout / "blobs/sha256" / images.export_layout(pause).split(":")[1]).read_text())
+            config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
+            top = images.chain_id(config["rootfs"]["diff_ids"])
+            ctr = ["ctr", "--address", str(socket), "-n", CONTAINERD_NAMESPACE, "snapshots"]
+            subprocess.run([*ctr, "rm", top], check=True)  # what an import stopped before its last layer leaves
+            assert images.import_into_containerd(pause, socket) is True, "the image's name alone was taken as imported"
+            listed = subprocess.run([*ctr, "ls"], check=True, capture_output=True, text=True).stdout
+            assert top in listed, "the import did not unpack the image again"
+            assert images.import_into_containerd(pause, socket) is False
+    finally:
+        lease.release(clean=True)

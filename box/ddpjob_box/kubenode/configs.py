@@ -21,6 +21,8 @@ KUBELET_SOCKET = "plugins_registry/kubelet-plugin-reg.sock"
 CLUSTER_DOMAIN = "cluster.local"
 # The containerd namespace of the CRI plugin: kubelet's pods and the images they run live there.
 CONTAINERD_NAMESPACE = "k8s.io"
+SNAPSHOTTER = "overlayfs"
+"""The CRI plugin's snapshotter: where the images' unpacked layers live."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   tolerate_missing_hugetlb_controller = true
 
 [{cri}.containerd]
-  snapshotter = "overlayfs"
+  snapshotter = "{SNAPSHOTTER}"
   default_runtime_name = "runc"
 
 [{runc}]
