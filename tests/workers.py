@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 
 E2E, BOX = "e2e", "box"
+BOX_GROUPS = (E2E, BOX)
+"""Each runs a node of its own at once: the setup fills a node store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
 PLACEMENT = "tests/e2e/test_gang.py"
 """E2E tests that run in the box group, beside Kueue's (about 3 minutes: the groups then take about as long)."""
 RUN_ENV = "DDPJOB_TEST_RUN"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_box.prepare import split_command, steps_for
+from ddpjob_box.prepare import NODES_SIDE_BY_SIDE, split_command, steps_for
+from tests import workers
 
 
 def names(purpose: str) -> list[str]:
@@ -55,6 +56,7 @@ def test_the_setup_fills_a_node_store_for_each_node_its_command_runs_at_once() -
         return str(step.argv[step.argv.index("--stores") + 1])
 
     assert (stores("demo"), stores("test"), stores("setup")) == ("1", "2", "2")
+    assert NODES_SIDE_BY_SIDE["test"] == len(workers.BOX_GROUPS), "make test's box groups each run a node"
 
 
 def test_every_python_step_imports_with_the_standard_library_alone() -> None:
