@@ -262,7 +262,7 @@ def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
 
 
 TEXTBOOK = """\
-import argparse, os
+import argparse, os, time
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -271,6 +271,7 @@ from torch.utils.data.distributed import DistributedSampler
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
 parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--step-seconds", type=float, default=0.0)  # the test's: a real model's step takes this long
 args = parser.parse_args()
 
 dist.init_process_group(backend="gloo", init_method="env://")
@@ -287,18 +288,19 @@ for epoch in range(args.epochs):
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        time.sleep(args.step_seconds)
     print(f"rank {rank}/{world} epoch {epoch} done", flush=True)
 dist.destroy_process_group()
 """
 
 
-def _textbook_job(jobs: Jobs, name: str, epochs: int) -> None:
+def _textbook_job(jobs: Jobs, name: str, epochs: int, step_seconds: float = 0.0) -> None:
     jobs.core.create_namespaced_config_map(jobs.ns, {"metadata": {"name": "script"}, "data": {"train.py": TEXTBOOK}})
     body = cpu_job(name)
     container = body["spec"]["template"]["spec"]["containers"][0]
     container.update(
         command=["python", "/scripts/train.py"],
-        args=["--epochs", str(epochs)],
+        args=["--epochs", str(epochs), "--step-seconds", str(step_seconds)],
         volumeMounts=[{"name": "script", "mountPath": "/scripts"}],
     )
     body["spec"]["template"]["spec"]["volumes"] = [{"name": "script", "configMap": {"name": "script"}}]
@@ -321,9 +323,10 @@ def _reads_as_its_outcome(status: dict[str, Any]) -> None:
 def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(
     jobs: Jobs, kubectl: Kubectl, namespace: str
 ) -> None:
-    # About a minute (longer under load), for the operator to give up on its /metrics: 5 polls over 45 s; had it
-    # ended first, its outcome must still carry the note.
-    _textbook_job(jobs, "textbook", 3000)
+    # It must outlast the operator's polls until it gives up on its /metrics (5 polls over 45 s), or it is never
+    # Running: 600 epochs of 8 steps of at least 16 ms, 77 s at least however fast the machine (3000 epochs of
+    # unpaced steps took 41 s on a quiet one, and it Succeeded from Rendezvous).
+    _textbook_job(jobs, "textbook", 600, step_seconds=0.016)
     jobs.wait_phase("textbook", "Running", 180)
     (row,) = table(kubectl("get", "ddpj", "textbook", "-n", namespace).stdout)
     assert (row["PROGRESS"], row["ETA"]) == ("", ""), f"while it runs, with no total and no pace: empty: {row}"
