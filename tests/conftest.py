@@ -188,7 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not workers.split(config):
         items.sort(key=workers.start_order)
         return
-    rank = {workers.E2E: 0, workers.BOX: 1, workers.PLANE: 2, None: 3}
+    rank = {workers.E2E: 0, workers.BOX: 1, None: 2}
     items.sort(key=lambda item: (rank[workers.box_group(item)], *workers.start_order(item)))
     workers.write_groups(items)
 

@@ -1,19 +1,18 @@
 """How ``make test``'s pytest-xdist workers share one host (``-n 3``).
 
-Most of the suite waits on a box, so it runs as two box groups side by side, each on a worker with a box and a node
-of its own, while a third worker runs the control plane's tests on a box with no node, then the tests that need no
-box:
+Most of the suite waits on a box, so it runs as two box groups side by side, each on a worker with a box of its own,
+while a third worker takes the tests that need no box:
 
 - ``e2e``: the tests that compare the host before and after a node (``kubelet``-marked), then the e2e tests on
   the box's node. None of those uses a ClusterIP Service, so that node runs without kube-proxy: a host takes one
   kube-proxy at a time (its Service rules are host-wide), and the other group needs it.
-- ``box``: the tests that need a node with kube-proxy (the chart's operator pod, the images) and the placement
-  tests (``PLACEMENT``: gang scheduling and preemption, which need no kube-proxy but balance the two groups),
-  then the Kueue tests, whose own box stops that node first.
-- ``plane``: the tests that need only the control plane (no node may run on their box: it would run the pods
-  those tests drive by hand). With three workers or more they are a group of their own, on the third worker,
-  before the tests that need no box (the box group was the longest); with two, they run first in the box group,
-  before its node starts.
+- ``box``: the tests that need only the control plane (no node may run there yet: it would run the pods those
+  tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images) and
+  the placement tests (``PLACEMENT``: gang scheduling and preemption, which need no kube-proxy but balance the
+  two groups), then the Kueue tests, whose own box stops that node first. The control plane's tests come first
+  here on purpose: while they run, no node of this group runs, and that is the window the e2e group's
+  ``kubelet`` tests need (below). As a third group on the third worker, they left no window, and those tests
+  waited 13 minutes for this group's node, until its Kueue tests stopped it.
 
 A node of one group changes the host (iptables chains, network namespaces, CNI files) while the other group's
 ``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
@@ -37,7 +36,7 @@ from typing import Any
 
 import pytest
 
-E2E, BOX, PLANE = "e2e", "box", "plane"
+E2E, BOX = "e2e", "box"
 BOX_GROUPS = (E2E, BOX)
 """Each runs a node of its own at once: the setup fills a node store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
 PLACEMENT = "tests/e2e/test_gang.py"
@@ -46,14 +45,10 @@ RUN_ENV = "DDPJOB_TEST_RUN"
 """Set by the controlling pytest process: the lock file its workers share."""
 
 
-def worker_count(config: pytest.Config) -> int:
-    """pytest-xdist's workers (0 in a run without xdist, and in its controlling process)."""
-    return int(getattr(config, "workerinput", {}).get("workercount", 0))
-
-
 def split(config: pytest.Config) -> bool:
     """Whether the box groups run on workers of their own (xdist, two workers or more)."""
-    return worker_count(config) >= 2
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    return int(workers) >= 2
 
 
 def in_kueue(node: pytest.Item | pytest.Collector) -> bool:
@@ -73,10 +68,8 @@ def box_group(item: pytest.Item) -> str | None:
         return E2E
     if "node" in fixtures and item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(PLACEMENT):
         return E2E
-    if "node" in fixtures or in_kueue(item):
+    if "node" in fixtures or in_kueue(item) or fixtures & {"cluster", "api_client"}:
         return BOX
-    if fixtures & {"cluster", "api_client"}:
-        return PLANE if worker_count(item.config) >= 3 else BOX
     return None
 
 
