@@ -146,13 +146,6 @@ def api_client(cluster: Cluster) -> Iterator[Any]:
 @pytest.fixture
 def namespace(api_client: Any) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards even when the test fails."""
-    with fresh_namespace(api_client) as name:
-        yield name
-
-
-@contextlib.contextmanager
-def fresh_namespace(api_client: Any) -> Iterator[str]:
-    """A new namespace whose pods can be made at once, deleted afterwards even when the test fails."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
