@@ -146,8 +146,12 @@ def test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_
     assert status["restarts"] == 1, status
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert "exited with code 137 (OOMKilled: it went over its memory limit)" in failed["message"], failed
-    restarts = [e.message for e in jobs.core.list_namespaced_event(jobs.ns).items if "OOMKilled" in (e.message or "")]
-    assert len(restarts) >= 2, f"one Event for the restart and one for the failure, each naming OOMKilled: {restarts}"
+    # The restart's Event names OOMKilled too, unless the rank's kubelet restarted it in place before it reported
+    # the exit: it then reports only its own removal of the container, and the Event says that instead.
+    said = [e.message or "" for e in jobs.core.list_namespaced_event(jobs.ns).items]
+    oom = [m for m in said if "OOMKilled" in m]
+    in_place = [m for m in said if "its kubelet restarted it in place (the code is not kept)" in m]
+    assert len(oom) >= 2 or (oom and in_place), f"one Event for the restart and one for the failure: {said}"
 
 
 def test_after_a_gang_restart_the_ranks_wait_while_dns_still_names_the_old_rank_0(
