@@ -11,8 +11,9 @@ while a third worker takes the tests that need no box:
   tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images) and
   the e2e tests in ``BALANCE`` (they need no kube-proxy; here they even out the two groups' times), then the
   Kueue tests, whose own box stops that node first. The control plane's tests come first here on purpose: while
-  they run, no node of this group runs, and that is the window the e2e group's ``kubelet`` tests need (below). As a third group on the third worker, they left no window, and those tests
-  waited 13 minutes for this group's node, until its Kueue tests stopped it.
+  they run, no node of this group runs, and that is the window the e2e group's ``kubelet`` tests need (below).
+  As a third group on the third worker, they left no window, and those tests waited 13 minutes for this group's
+  node, until its Kueue tests stopped it.
 
 A node of one group changes the host (iptables chains, network namespaces, CNI files) while the other group's
 ``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
