@@ -364,9 +364,14 @@ def import_into_containerd(name: str, socket: Path, namespace: str = CONTAINERD_
     return True
 
 
-def chain_id(diff_ids: Sequence[str]) -> str:
-    """The OCI chain ID of a stack of layers: the name containerd gives the snapshot of the top one."""
-    chain = diff_ids[0]
+def top_snapshot(digest: str) -> str:
+    """The name containerd gives the snapshot of the top layer of the layout's image ``digest``: the OCI chain ID
+    of its layers' diff IDs."""
+    layout = layout_dir()
+    config_digest = _manifest_blobs(layout, digest)[1]
+    config = json.loads((layout / "blobs" / "sha256" / config_digest.split(":")[1]).read_text())
+    diff_ids = config["rootfs"]["diff_ids"]
+    chain = str(diff_ids[0])
     for diff_id in diff_ids[1:]:
         chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
     return chain
@@ -376,10 +381,7 @@ def _unpacked(digest: str, socket: Path, namespace: str) -> bool:
     """Whether containerd holds the snapshot of the image's top layer. An import stopped while it unpacked (a
     Ctrl-C in the setup's node stores step) leaves the image's name and blobs, but not all its snapshots, and a
     container of it then fails to start ('parent snapshot does not exist'); importing it again unpacks it."""
-    layout = layout_dir()
-    manifest = json.loads((layout / "blobs" / "sha256" / digest.split(":")[1]).read_text())
-    config = json.loads((layout / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
-    top = chain_id(config["rootfs"]["diff_ids"])
+    top = top_snapshot(digest)
     try:
         _ctr(socket, namespace, "snapshots", "--snapshotter", SNAPSHOTTER, "info", top, what=f"finding snapshot {top}")
     except BoxError:

@@ -3,7 +3,6 @@ filled store imports nothing, and a store a running node holds, or a killed node
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,10 +67,7 @@ def test_an_image_whose_unpack_was_stopped_is_unpacked_again(stores: Path, tmp_p
     try:
         with store_fill.containerd_on(lease.path, pause, tmp_path / "node") as socket:
             images.import_into_containerd(pause, socket)
-            layout = images.layout_dir()
-            manifest = json.loads((layout / "blobs/sha256" / images.export_layout(pause).split(":")[1]).read_text())
-            config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
-            top = images.chain_id(config["rootfs"]["diff_ids"])
+            top = images.top_snapshot(images.export_layout(pause))
             ctr = ["ctr", "--address", str(socket), "-n", CONTAINERD_NAMESPACE, "snapshots"]
             subprocess.run([*ctr, "rm", top], check=True)  # what an import stopped before its last layer leaves
             assert images.import_into_containerd(pause, socket) is True, "the image's name alone was taken as imported"
