@@ -35,6 +35,9 @@ LAST_CHECKPOINT_TIMESTAMP_SECONDS = "ddp_last_checkpoint_timestamp_seconds"
 CHECKPOINT_SAVE_SECONDS = "ddp_checkpoint_save_seconds"
 """Gauge: wall time of this run's last save, every rank's part in it included (the operator sizes the pods'
 termination grace period from it, so a stop can save one more)."""
+RESTART_COUNT = "ddp_restart_count"
+"""Gauge: how many times the gang's processes were restarted in place (by the trainer's ``--max-restarts``
+supervisor, or torchrun's agent) before this process started: its TORCHELASTIC_RESTART_COUNT."""
 PROCESS_GROUP_READY = "ddp_process_group_ready"
 """Gauge: 1 once ``init_process_group`` has returned, 0 before (and always 0 when running alone)."""
 INFO = "ddp_info"
@@ -64,6 +67,7 @@ ALL = (
     LAST_CHECKPOINT_STEP,
     LAST_CHECKPOINT_TIMESTAMP_SECONDS,
     CHECKPOINT_SAVE_SECONDS,
+    RESTART_COUNT,
     PROCESS_GROUP_READY,
     INFO,
 )

@@ -40,6 +40,12 @@ ENV_TERMINATION_GRACE_SECONDS = "TERMINATION_GRACE_SECONDS"
 boundary before the kubelet's SIGKILL."""
 DEFAULT_TERMINATION_GRACE_SECONDS = 30
 """Kubernetes's default grace period (a pod that does not set one)."""
+ENV_MAX_RESTARTS = "MAX_RESTARTS"
+"""How many times the trainer may restart the gang's processes in place, without new containers (its
+``--max-restarts``): the restarts the job has left. The operator sets it; unset or 0, a failure ends the process."""
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""torchrun's name, which the trainer's own supervisor sets too: how many in-place restarts of the gang's processes
+came before this process (0 for the first)."""
 
 TORCHRUN_ENV: tuple[str, ...] = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT)
 """The torchrun convention: the only launch contract the trainer reads."""

@@ -23,6 +23,7 @@ def test_every_option_has_a_flag_an_env_variable_and_help() -> None:
             "METRICS_PORT",
             "TERMINATION_MESSAGE_PATH",
             "TERMINATION_GRACE_SECONDS",
+            "MAX_RESTARTS",
         ), env
 
 

@@ -22,6 +22,12 @@ def test_the_launcher_variables_are_read_as_they_are_set() -> None:
     assert launch.distributed
 
 
+def test_a_process_restarted_in_place_by_an_agent_knows_its_restart_count_and_supervises_nothing() -> None:
+    launch = read_launch({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert launch.restart_count == 2 and launch.under_agent
+    assert not read_launch(TORCHRUN).under_agent and read_launch(TORCHRUN).restart_count == 0
+
+
 def test_local_rank_defaults_to_zero_for_launchers_that_leave_it_out() -> None:
     env = {k: v for k, v in TORCHRUN.items() if k != "LOCAL_RANK"}
     assert read_launch(env).local_rank == 0

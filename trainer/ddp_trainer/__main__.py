@@ -68,6 +68,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return exits.EXIT_OK
 
 
-if __name__ == "__main__":
+def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """``main``, or with ``--max-restarts``, a supervisor that runs it in children and restarts them in place."""
+    argv = sys.argv[1:] if argv is None else argv
+    environ = os.environ if environ is None else environ
+    try:
+        cfg, launch = parse(argv, environ), read_launch(environ)
+        supervised = cfg.dist.max_restarts > 0 and not launch.under_agent
+    except errors.PermanentError:
+        supervised = False  # main says why
+    if supervised:
+        from ddp_trainer import supervisor
+
+        return supervisor.supervise(argv, launch, cfg.dist.max_restarts, connect_timeout=cfg.dist.pg_timeout_seconds)
     signals.install()  # first: threads started from here on inherit the blocked signals
-    sys.exit(main())
+    return main(argv, environ)
+
+
+if __name__ == "__main__":
+    sys.exit(run())

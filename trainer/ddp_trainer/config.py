@@ -1,8 +1,8 @@
 """Options: kw-only dataclasses that generate the CLI flags and the env variables.
 
 Every field is an option. Its flag is ``--field-name`` and its env variable ``TRAIN_FIELD_NAME``
-(four fields take the generic names the operator injects: ``CHECKPOINT_DIR``, ``METRICS_PORT``,
-``TERMINATION_MESSAGE_PATH`` and ``TERMINATION_GRACE_SECONDS``).
+(five fields take the generic names the operator injects: ``CHECKPOINT_DIR``, ``METRICS_PORT``,
+``TERMINATION_MESSAGE_PATH``, ``TERMINATION_GRACE_SECONDS`` and ``MAX_RESTARTS``).
 Precedence: flag, then env variable, then the default. Validation lives in ``__post_init__`` so a
 ``Config`` that exists is valid; errors name the flag and the env variable. Torch-free on purpose:
 bad options fail in a fraction of a second, before torch is imported.
@@ -21,6 +21,7 @@ from ddp_trainer.errors import ConfigError
 from ddpjob_contract.pods import (
     DEFAULT_TERMINATION_GRACE_SECONDS,
     ENV_CHECKPOINT_DIR,
+    ENV_MAX_RESTARTS,
     ENV_METRICS_PORT,
     ENV_TERMINATION_GRACE_SECONDS,
     ENV_TERMINATION_MESSAGE_PATH,
@@ -197,8 +198,20 @@ class DistConfig(_Section):
         default=300.0,
         metadata=doc("Collective timeout; a rank waiting longer for a peer exits with the retryable code."),
     )
+    max_restarts: int = field(
+        default=0,
+        metadata=doc(
+            "Restart the gang's training processes in place up to this many times when one fails in a way a restart "
+            "can fix (a lost peer, a collective timeout, killed by a signal): each rank's process stays up as a "
+            "supervisor, and its new training process, forked with torch already imported, resumes from the "
+            "newest checkpoint. Rank 0's supervisor listens on MASTER_PORT + 1. 0: a failure ends the process (its "
+            "launcher restarts it). The operator sets it to the restarts the job has left.",
+            env=ENV_MAX_RESTARTS,
+        ),
+    )
 
     def validate(self) -> None:
+        self._at_least("max_restarts", 0)
         if self.bucket_cap_mb <= 0:
             self._invalid("bucket_cap_mb", f"is {self.bucket_cap_mb}, must be positive")
         if self.pg_timeout_seconds <= 0:

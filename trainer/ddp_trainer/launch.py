@@ -1,7 +1,8 @@
 """Reads the torchrun environment convention; the only launch contract the trainer knows.
 
 Torchrun and the DDPJob operator both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-MASTER_PORT. With none of them set the trainer runs alone, without a process group. Torch-free.
+MASTER_PORT. With none of them set the trainer runs alone, without a process group. A process that torchrun's
+agent or the trainer's own supervisor restarted in place also has TORCHELASTIC_RESTART_COUNT. Torch-free.
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_trainer.errors import ConfigError
-from ddpjob_contract.pods import ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE
+from ddpjob_contract.pods import (
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_RESTART_COUNT,
+    ENV_WORLD_SIZE,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,6 +28,11 @@ class Launch:
     local_rank: int = 0
     master_addr: str = ""
     master_port: int = 0
+    restart_count: int = 0
+    """In-place restarts of the gang's processes before this one (TORCHELASTIC_RESTART_COUNT)."""
+    under_agent: bool = False
+    """Started by a launcher that restarts it in place (torchrun's agent, the trainer's supervisor): it must not
+    supervise itself."""
 
     @property
     def distributed(self) -> bool:
@@ -41,8 +54,12 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
 
 def read_launch(environ: Mapping[str, str]) -> Launch:
     """Parse the launcher's variables, or return a single-process Launch when WORLD_SIZE is unset."""
+    restarts = _int(environ, ENV_RESTART_COUNT, 0)
+    if restarts < 0:
+        raise ConfigError(f"{ENV_RESTART_COUNT}={restarts} must be at least 0")
+    under_agent = bool(environ.get(ENV_RESTART_COUNT))
     if not environ.get(ENV_WORLD_SIZE):
-        return Launch()
+        return Launch(restart_count=restarts, under_agent=under_agent)
     world_size = _int(environ, ENV_WORLD_SIZE)
     if world_size < 1:
         raise ConfigError(f"WORLD_SIZE={world_size} must be at least 1")
@@ -63,4 +80,6 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
         local_rank=_int(environ, ENV_LOCAL_RANK, 0),
         master_addr=environ[ENV_MASTER_ADDR],
         master_port=port,
+        restart_count=restarts,
+        under_agent=under_agent,
     )

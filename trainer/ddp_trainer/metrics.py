@@ -26,6 +26,7 @@ from ddpjob_contract.metrics import (
     PHASE_SECONDS,
     PHASES,
     PROCESS_GROUP_READY,
+    RESTART_COUNT,
     SAMPLES_TOTAL,
     STEP,
     STEP_SECONDS,
@@ -96,6 +97,9 @@ class Metrics:
         )
         self.checkpoint_save_seconds = Gauge(
             CHECKPOINT_SAVE_SECONDS, "Wall time of this run's last checkpoint save, all ranks.", registry=self.registry
+        )
+        self.restart_count = Gauge(
+            RESTART_COUNT, "In-place restarts of the gang's processes before this one.", registry=self.registry
         )
         self.pg_ready = Gauge(PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry)
         self.info = Info(_base(INFO, "_info"), "Static facts about this training run.", registry=self.registry)

@@ -106,6 +106,7 @@ def _serve_metrics(metrics: Metrics, cfg: Config, launch: Launch) -> None:
 
 def run(cfg: Config, launch: Launch) -> Result:
     metrics = Metrics()
+    metrics.restart_count.set(launch.restart_count)
     _serve_metrics(metrics, cfg, launch)  # before joining, so a rank stuck at rendezvous is visible
     d = distributed.setup(launch, cfg.dist)
     metrics.pg_ready.set(1 if d.backend != "none" else 0)

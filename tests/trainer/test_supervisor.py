@@ -1,0 +1,160 @@
+"""``--max-restarts``: the gang's processes restarted in place by each rank's supervisor, with real gloo ranks."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddp_trainer import gang, supervisor
+from ddpjob_contract import exits
+from ddpjob_contract import metrics as names
+
+from .procs import TINY, explain, free_ports, processes, rank_env, trainer
+
+# Rank 1 kills itself after step 4 and its checkpoint, once: a resumed process starts past step 4.
+CRASH = ("--checkpoint-interval", "2", "--crash-at-step", "4", "--crash-rank", "1", "--pg-timeout-seconds", "60")
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "retried"),
+    [
+        (-signal.SIGKILL, True),  # the OOM killer, a kill by hand
+        (-signal.SIGSEGV, True),
+        (exits.EXIT_RETRYABLE, True),  # a lost peer, a collective timeout
+        (-signal.SIGTERM, False),  # a stop
+        (exits.EXIT_SIGTERM, False),  # a stop, after saving
+        (exits.EXIT_OK, False),
+        (exits.EXIT_BUG, False),
+        (exits.EXIT_PERMANENT, False),
+    ],
+)
+def test_only_a_lost_peer_a_timeout_or_a_kill_restarts_the_gang_in_place(exitcode: int, retried: bool) -> None:
+    assert supervisor.retryable(exitcode) is retried
+
+
+def test_a_child_killed_by_a_signal_makes_the_supervisor_exit_as_a_shell_reports_it() -> None:
+    assert supervisor.exit_status(-signal.SIGKILL) == 137
+    assert supervisor.exit_status(exits.EXIT_RETRYABLE) == exits.EXIT_RETRYABLE
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_a_rank_killed_mid_run_restarts_the_gang_in_place_and_both_ranks_finish_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    ports = free_ports(2)  # MASTER_PORT, and the supervisors' on the next one
+    metrics = free_ports(2)
+    args = trainer(
+        *TINY, "--steps", "10", "--checkpoint-dir", str(tmp_path), *CRASH, "--max-restarts", "2",
+        "--metrics-port", str(metrics), "--metrics-linger-seconds", "5",
+    )  # fmt: skip
+    with processes() as procs:
+        ranks = [procs.start(args, rank_env(r, 2, ports)) for r in range(2)]
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 120
+        while seen.get(names.STEP) != 10 and time.monotonic() < deadline and ranks[0].poll() is None:
+            time.sleep(0.5)
+            try:
+                seen = _scrape(metrics)
+            except OSError:
+                continue
+        done = procs.wait_all(timeout=120)
+    # The processes the launcher started are the ones that finished: no new process from outside.
+    assert [d.returncode for d in done] == [exits.EXIT_OK, exits.EXIT_OK], explain(done)
+    assert seen.get(names.STEP) == 10 and seen.get(names.RESTART_COUNT) == 1, seen
+    said = "ddp_trainer: rank 1's training process was killed by SIGKILL: restarting the gang in place (1 of 2)"
+    assert said in done[0].stderr and said in done[1].stderr, explain(done)
+    assert "resumed from step 4" in done[0].stdout, explain(done)
+    assert "Traceback" not in done[0].stderr + done[1].stderr
+
+
+def test_after_its_last_restart_a_supervisor_exits_as_its_child_did(tmp_path: Path) -> None:
+    # No checkpoint: every new child starts over and dies at step 4 again. One restart in place, then the
+    # supervisors exit as their children did, for the operator (or whoever started them) to decide.
+    ports = free_ports(2)
+    args = trainer(*TINY, "--steps", "10", *CRASH, "--max-restarts", "1")
+    with processes() as procs:
+        for r in range(2):
+            procs.start(args, rank_env(r, 2, ports))
+        done = procs.wait_all(timeout=120)
+    assert done[1].returncode == exits.SIGNAL_EXIT_BASE + signal.SIGKILL, explain(done)
+    assert done[0].returncode == exits.EXIT_RETRYABLE, explain(done)
+    assert done[1].stderr.count("restarting the gang in place") == 1, explain(done)
+    assert "debug: --crash-at-step 4" in done[1].stdout
+    assert done[1].stdout.count("debug: --crash-at-step 4") == 2, explain(done)
+
+
+def test_sigterm_to_a_supervisor_stops_the_gang_at_one_step_with_its_checkpoint_and_restarts_nothing(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = trainer(
+        *TINY, "--steps", "100000", "--checkpoint-dir", str(ckpt), "--stop-grace-seconds", "60",
+        "--max-restarts", "3",
+    )  # fmt: skip
+    ports = free_ports(2)
+    with processes() as procs:
+        rank0 = procs.start(args, rank_env(0, 2, ports))
+        procs.start(args, rank_env(1, 2, ports))
+        assert rank0.stdout is not None
+        while "step=5/" not in rank0.stdout.readline():
+            pass
+        rank0.send_signal(signal.SIGTERM)
+        done = procs.wait_all(timeout=60)
+    assert [d.returncode for d in done] == [exits.EXIT_SIGTERM, exits.EXIT_SIGTERM], explain(done)
+    stopped = re.search(r"stopped on SIGTERM at step (\d+), after saving its checkpoint", done[0].stderr)
+    assert stopped, explain(done)
+    assert [p.name for p in ckpt.iterdir()] == [f"step-{int(stopped.group(1)):09d}.pt"]
+    assert "restarting the gang in place" not in done[0].stderr + done[1].stderr
+
+
+def test_a_permanent_error_in_the_child_ends_the_supervisor_with_its_code_and_message(tmp_path: Path) -> None:
+    message = tmp_path / "message"
+    message.touch()
+    empty = tmp_path / "images"
+    empty.mkdir()
+    args = trainer(
+        *TINY, "--data", "imagefolder", "--data-dir", str(empty), "--max-restarts", "3",
+        "--termination-message-path", str(message),
+    )  # fmt: skip
+    with processes() as procs:
+        done = procs.wait(procs.start(args, rank_env(0, 1, free_ports(2))), timeout=120)
+    assert done.returncode == exits.EXIT_PERMANENT, done.stdout + done.stderr
+    assert str(empty) in message.read_text()
+    assert "restarting" not in done.stderr and "Traceback" not in done.stderr
+
+
+def _until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "not heard within 10 s"
+        time.sleep(0.01)
+
+
+def test_each_restart_is_heard_by_every_member_with_its_first_reason_and_by_a_late_one_too() -> None:
+    port = free_ports(1)
+    gang.Server(port)
+    first, second = gang.Member("127.0.0.1", port, 10), gang.Member("127.0.0.1", port, 10)
+    assert first.announce(1, "rank 1's training process was killed by SIGKILL")
+    assert second.announce(1, "rank 0's training process exited 200")  # the same restart, seen later
+    _until(lambda: first.heard() == 1 and second.heard() == 1)
+    late = gang.Member("127.0.0.1", port, 10)
+    _until(lambda: late.heard() == 1)
+    for member in (first, second, late):
+        assert member.why(1) == "rank 1's training process was killed by SIGKILL"
+
+
+def test_a_member_that_cannot_reach_rank_0_announces_nothing() -> None:
+    lonely = gang.Member("127.0.0.1", free_ports(1), 0.5)
+    assert not lonely.announce(1, "a lost peer")

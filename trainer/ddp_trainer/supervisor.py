@@ -1,0 +1,186 @@
+"""``--max-restarts N``: restart the gang's training processes in place, without new containers or pods.
+
+Each rank's ``python -m ddp_trainer`` stays up as a supervisor, and training runs in a child forked from a fork
+server that imported torch and the trainer once. A fresh process spends about 3 s of CPU in those imports before
+its first step (``import torch``, and ``torch._dynamo``, which DDP's constructor imports), and that is most of
+what a restart costs once Kubernetes is out of the way.
+
+When a child fails in a way a restart can fix (``retryable``: a lost peer or a collective timeout, or killed by a
+signal such as the OOM killer's), its supervisor says so through a store that rank 0's supervisor serves on
+MASTER_PORT + 1. Every supervisor then ends its child's process group (SIGKILL: a child blocked in a collective
+with the lost rank cannot answer anything else) and starts a new child, which joins a new process group on
+MASTER_PORT and resumes from the newest checkpoint. Each child reads the number of restarts before it from
+TORCHELASTIC_RESTART_COUNT, as under torchrun's agent, and exports it.
+
+After N restarts, or on any other exit (success, a permanent error, a stop), the supervisor exits as its child
+did, and whoever started it takes over as if there were no supervisor. Asked to stop (SIGTERM, SIGINT), it passes
+the signal to its child, which saves at the next step boundary as it does alone, and restarts nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from typing import Any
+
+from ddp_trainer import gang
+from ddp_trainer.launch import Launch
+from ddpjob_contract import exits
+from ddpjob_contract.pods import ENV_MAX_RESTARTS, ENV_RESTART_COUNT
+
+PRELOAD = ("ddp_trainer.train", "torch._dynamo")
+"""What the fork server imports once, so that no child pays for it."""
+_STOPS = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
+
+
+def retryable(exitcode: int) -> bool:
+    """Whether a child's end is one that a restart of the gang can fix: the trainer's code for a lost peer or a
+    collective timeout, or a kill by a signal other than a stop (a negative multiprocessing exit code)."""
+    if exitcode < 0:
+        return -exitcode not in _STOPS
+    return exitcode == exits.EXIT_RETRYABLE
+
+
+def exit_status(exitcode: int) -> int:
+    """The supervisor's own exit status for its child's multiprocessing exit code: 128 + N for signal N, as a
+    shell reports it."""
+    return exits.SIGNAL_EXIT_BASE - exitcode if exitcode < 0 else exitcode
+
+
+def describe(rank: int, exitcode: int) -> str:
+    if exitcode < 0:
+        return f"rank {rank}'s training process was killed by {signal.Signals(-exitcode).name}"
+    return f"rank {rank}'s training process exited {exitcode} (a lost peer or a collective timeout)"
+
+
+def _child(argv: list[str], restart: int, max_restarts: int) -> None:
+    """A training process: a process group of its own (so the supervisor can end it with its data loaders), ended
+    with the fork server, then ``python -m ddp_trainer`` as without a supervisor."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.environ[ENV_RESTART_COUNT] = str(restart)
+    os.environ[ENV_MAX_RESTARTS] = str(max_restarts)
+    from ddp_trainer import __main__ as cli
+    from ddp_trainer import signals
+
+    signals.install()
+    sys.exit(cli.main(argv))
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str], rank: int, max_restarts: int, the_gang: gang.Gang) -> None:
+        self._argv = list(argv)
+        self._rank = rank
+        self._max = max_restarts
+        self._gang = the_gang
+        self._stop = 0
+        self._signals = 0
+        """Stop signals received; each is passed to the child once (a second one stops it at once)."""
+        self._passed = 0
+        self._stop_read, self._stop_write = os.pipe()
+        self._context = multiprocessing.get_context("forkserver")
+
+    def run(self) -> int:
+        for signum in _STOPS:
+            signal.signal(signum, self._on_stop)
+        restart = 0
+        while not self._stop:
+            child = self._start(restart)
+            peer_failed = self._watch(child, restart)
+            self._end(child)  # and its data loaders, if they outlived it
+            code = child.exitcode
+            assert code is not None
+            if peer_failed:  # this child's collectives would only have hung
+                restart = self._next(restart)
+                continue
+            if self._stop or not retryable(code):
+                return exit_status(code)
+            if self._gang.heard() > restart:  # a peer announced first: this child failed because of it
+                restart = self._next(restart)
+                continue
+            if restart >= self._max or not self._gang.announce(restart + 1, describe(self._rank, code)):
+                return exit_status(code)
+            restart = self._next(restart)
+        return exits.SIGNAL_EXIT_BASE + self._stop
+
+    def _start(self, restart: int) -> Any:
+        child = self._context.Process(target=_child, args=(self._argv, restart, self._max), name=f"train-{restart}")
+        child.start()
+        self._passed = 0
+        return child
+
+    def _watch(self, child: Any, restart: int) -> bool:
+        """Until the child exits (False), or a restart past ``restart`` is heard while no stop was asked (True).
+        Passes each stop signal to the child once."""
+        gang_fd = self._gang.wakeup_fd()
+        while True:
+            while self._passed < self._signals:
+                self._passed += 1
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, self._stop)  # it saves at its next step boundary, as it does alone
+            ready = wait([child.sentinel, gang_fd, self._stop_read])
+            if child.sentinel in ready:
+                return False
+            if self._gang.heard() > restart and not self._stop:
+                return True
+            _empty(self._stop_read)
+            _empty(gang_fd)  # stopping: a restart heard now changes nothing
+
+    def _next(self, restart: int) -> int:
+        """Wait for the announcement past ``restart`` (or a stop), say it, and return the newest restart heard."""
+        while self._gang.heard() <= restart and not self._stop:
+            wait([self._gang.wakeup_fd(), self._stop_read])
+        _empty(self._gang.wakeup_fd())
+        newest = self._gang.heard()
+        if newest > restart:
+            why = self._gang.why(newest)
+            print(f"ddp_trainer: {why}: restarting the gang in place ({newest} of {self._max})", file=sys.stderr)
+        return newest
+
+    def _end(self, child: Any) -> None:
+        """SIGKILL the child and its process group (its data loaders): the group may not exist yet (a child just
+        started) or any more (every member gone)."""
+        for kill in (os.kill, os.killpg):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(child.pid, signal.SIGKILL)
+        child.join()
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        """Only notes the signal: the loop passes it on (a handler must not read the child's state)."""
+        self._stop = signum
+        self._signals += 1
+        os.write(self._stop_write, b"s")
+
+
+def _empty(fd: int) -> None:
+    """Read whatever a wake-up pipe holds (the news itself is kept elsewhere)."""
+    os.set_blocking(fd, False)
+    try:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fd, 64):
+                pass
+    finally:
+        os.set_blocking(fd, True)
+
+
+def supervise(argv: Sequence[str], launch: Launch, max_restarts: int, connect_timeout: float) -> int:
+    """Run ``python -m ddp_trainer argv`` in children, restarting the gang in place up to ``max_restarts`` times.
+    ``connect_timeout``: how long to wait for rank 0's supervisor (the process group's own timeout)."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.forkserver.ensure_running()  # it imports while this process sets up the gang
+    the_gang: gang.Gang = gang.Alone()
+    if launch.distributed:
+        port = launch.master_port + gang.STORE_PORT_OFFSET
+        if launch.rank == 0:
+            gang.Server(port)  # serves from its own threads for the life of the process
+        the_gang = gang.Member(launch.master_addr, port, connect_timeout)
+    return Supervisor(argv, launch.rank, max_restarts, the_gang).run()
