@@ -38,6 +38,10 @@ termination grace period from it, so a stop can save one more)."""
 RESTART_COUNT = "ddp_restart_count"
 """Gauge: how many times the gang's processes were restarted in place (by the trainer's ``--max-restarts``
 supervisor, or torchrun's agent) before this process started: its TORCHELASTIC_RESTART_COUNT."""
+RESTART_INFO = "ddp_restart"
+"""Info (value 1), from a process restarted in place: label ``reason``, why the gang restarted (for example
+"rank 1's training process was killed by SIGKILL")."""
+RESTART_REASON_LABEL = "reason"
 PROCESS_GROUP_READY = "ddp_process_group_ready"
 """Gauge: 1 once ``init_process_group`` has returned, 0 before (and always 0 when running alone)."""
 INFO = "ddp_info"
@@ -68,6 +72,7 @@ ALL = (
     LAST_CHECKPOINT_TIMESTAMP_SECONDS,
     CHECKPOINT_SAVE_SECONDS,
     RESTART_COUNT,
+    RESTART_INFO,
     PROCESS_GROUP_READY,
     INFO,
 )

@@ -46,6 +46,8 @@ ENV_MAX_RESTARTS = "MAX_RESTARTS"
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 """torchrun's name, which the trainer's own supervisor sets too: how many in-place restarts of the gang's processes
 came before this process (0 for the first)."""
+ENV_RESTART_REASON = "RESTART_REASON"
+"""Set by the trainer's supervisor beside TORCHELASTIC_RESTART_COUNT: why the gang's processes last restarted."""
 
 TORCHRUN_ENV: tuple[str, ...] = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT)
 """The torchrun convention: the only launch contract the trainer reads."""

@@ -23,6 +23,7 @@ from ddpjob_contract.pods import (
     ENV_LOCAL_RANK,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_MAX_RESTARTS,
     ENV_METRICS_PORT,
     ENV_PET_MASTER_ADDR,
     ENV_PET_MASTER_PORT,
@@ -210,7 +211,7 @@ def adoption(pod: PodView, attempt: int) -> dict[str, Any]:
                          "annotations": {ANNOTATION_RESTART_COUNT: str(pod.next_count)}}}  # fmt: skip
 
 
-def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, grace: int) -> None:
+def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, grace: int, restarts_left: int) -> None:
     """The trainer container (the first): the injected env, the exit message, the named ports."""
     # The exit message: the trainer's summary or one-line error; any other program's log tail on failure.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -220,6 +221,7 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, 
         *injected_env(job, rank, attempt),
         {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
         {"name": ENV_TERMINATION_GRACE_SECONDS, "value": str(grace)},
+        {"name": ENV_MAX_RESTARTS, "value": str(restarts_left)},
         *(trainer.get("env") or []),
     ]
     # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).
@@ -234,11 +236,13 @@ def pod(
     gang: bool,
     grace: int = DEFAULT_TERMINATION_GRACE_SECONDS,
     in_place: bool = False,
+    restarts_left: int = 0,
 ) -> dict[str, Any]:
     """Rank ``rank`` of attempt ``attempt``: the template, plus identity, env, checkpoint and wait;
     ``gang``: a member of the attempt's PodGroup; ``grace``: its termination grace period
     (``termination_grace``), which the trainer is told, to save within it on a stop; ``in_place``: its kubelet
-    restarts it in place on a retryable exit (``restart_rules``)."""
+    restarts it in place on a retryable exit (``restart_rules``); ``restarts_left``: how many times the ranks' own
+    supervisors may restart the gang's processes in place (``MAX_RESTARTS``, ``in_place.in_process``)."""
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template["spec"]
@@ -258,7 +262,7 @@ def pod(
     if gang:
         spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     trainer = spec["containers"][0]
-    _set_up_trainer(job, trainer, rank, attempt, grace)
+    _set_up_trainer(job, trainer, rank, attempt, grace, restarts_left)
     rules = restart_rules(job.spec.run_policy) if in_place else []
     if rules:
         trainer["restartPolicy"] = "Never"  # a container's rules need its own policy; the rules override it

@@ -370,9 +370,11 @@ class Controller:
             return None
         try:
             grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
-            in_place = bool(the_plan.create_ranks) and self._in_place(job, the_plan.status.restarts)
+            restarts = the_plan.status.restarts
+            by_kubelet = bool(the_plan.create_ranks) and self._in_place(job, restarts)
             self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
-                              grace=grace, in_place=in_place)  # fmt: skip
+                              grace=grace, in_place=by_kubelet,
+                              restarts_left=in_place.in_process(job.spec.run_policy, restarts))  # fmt: skip
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -415,6 +417,7 @@ class Controller:
         placement: Placement,
         grace: int,
         in_place: bool,
+        restarts_left: int,
     ) -> None:
         """Create if absent, in waves of CREATE_PARALLELISM; raises the lowest rank's error.
 
@@ -423,7 +426,8 @@ class Controller:
         """
 
         def create(rank: int) -> None:
-            built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place)
+            built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place,
+                                 restarts_left=restarts_left)  # fmt: skip
             created = self._api.create_pod(placement.apply(built))
             if created is not None:
                 self._pods.created(created)

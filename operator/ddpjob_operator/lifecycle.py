@@ -54,6 +54,7 @@ from ddpjob_operator.transitions import (
     Rebuild,
     Rendezvous,
     Restart,
+    RestartedInPlace,
     Resume,
     Run,
     StragglerRecovered,
@@ -392,6 +393,22 @@ def _failures(v: View) -> Transition | None:
     return Finish(False, Reason.NON_RETRYABLE, f"{cause}: not retryable under restartPolicy {rp.restart_policy.value}")
 
 
+def _restarted_in_place(v: View) -> Transition | None:
+    """The ranks' supervisors restarted the gang's processes in place (``policies.in_place.in_process``), as their
+    polls say: each restart is counted, as the operator's own are; past backoffLimit (possible only when a pod
+    restarted in place by its kubelet kept the env of an earlier attempt), the job has failed."""
+    counted = v.status.progress.restarts_in_place if v.status.progress else 0
+    if v.fold is None or v.fold.summary.restart_count <= counted:
+        return None
+    summary, rp = v.fold.summary, v.job.spec.run_policy
+    more = summary.restart_count - counted
+    if v.status.restarts + more > rp.backoff_limit:
+        why = summary.restart_reason or "a rank failed"
+        return Finish(False, Reason.BACKOFF, f"{why}, and its processes restarted in place; "
+                                             f"{_no_restarts_left(rp.backoff_limit)}")  # fmt: skip
+    return RestartedInPlace(more, summary.restart_count, summary.restart_reason, rp.backoff_limit, summary.at)
+
+
 def _exiting(job: Job, status: JobStatus, obs: Observation) -> bool:
     """A rank of the attempt has exited 0 and others have not yet: the gang is leaving (policies.exit_grace)."""
     return (
@@ -539,8 +556,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _failures, _stuck_exiting,
-    _no_progress, _succeeded,
+    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _failures, _restarted_in_place,
+    _stuck_exiting, _no_progress, _succeeded,
     _cannot_start, _phase, _straggler,
 )  # fmt: skip
 """In order; the first that changes something wins."""

@@ -66,6 +66,10 @@ class RankSample:
     """ddp_last_checkpoint_timestamp_seconds (0: unknown)."""
     save_seconds: float = 0.0
     """ddp_checkpoint_save_seconds: its last save's wall time (0: it saved none)."""
+    restart_count: int = 0
+    """ddp_restart_count: in-place restarts of the gang's processes before this one (its supervisor's count)."""
+    restart_reason: str = ""
+    """ddp_restart_info's reason: why the last of them happened (empty before any)."""
 
     @property
     def reached(self) -> float:
@@ -93,6 +97,8 @@ class RankSample:
             checkpoint_step=self.checkpoint_step,
             checkpoint_time=self.checkpoint_time,
             save_seconds=self.save_seconds,
+            restart_count=self.restart_count,
+            restart_reason=self.restart_reason,
         )
 
 
@@ -105,6 +111,7 @@ def parse_metrics(text: str) -> RankSample:
     values: dict[str, float] = {}
     buckets: list[tuple[float, float]] = []
     phases: dict[str, float] = {}
+    reason = ""
     for line in text.splitlines():
         if not line.startswith("ddp_"):
             continue
@@ -121,6 +128,8 @@ def parse_metrics(text: str) -> RankSample:
             buckets.append((math.inf if labels["le"] == "+Inf" else float(labels["le"]), value))
         elif name == f"{names.PHASE_SECONDS}_sum" and names.PHASE_LABEL in labels:
             phases[labels[names.PHASE_LABEL]] = value
+        elif name == f"{names.RESTART_INFO}_info" and names.RESTART_REASON_LABEL in labels:
+            reason = labels[names.RESTART_REASON_LABEL].replace('\\"', '"').replace("\\\\", "\\")
         elif not labels:
             values[name] = value
     target = values.get(names.TARGET_STEP)
@@ -137,6 +146,8 @@ def parse_metrics(text: str) -> RankSample:
         checkpoint_step=values.get(names.LAST_CHECKPOINT_STEP, 0.0),
         checkpoint_time=values.get(names.LAST_CHECKPOINT_TIMESTAMP_SECONDS, 0.0),
         save_seconds=values.get(names.CHECKPOINT_SAVE_SECONDS, 0.0),
+        restart_count=int(values.get(names.RESTART_COUNT, 0.0)),
+        restart_reason=reason,
     )
 
 
@@ -258,6 +269,9 @@ class ProgressStatus:
     """Ranks whose program serves no metrics (``silent_ranks``): no longer polled in this attempt."""
     note: str = ""
     """What the figures cannot show, in plain words (the silent ranks)."""
+    restarts_in_place: int = 0
+    """In-place restarts of this attempt's processes (the ranks' ``ddp_restart_count``) already counted in
+    ``status.restarts``."""
 
     def to_dict(self, *, running: bool = True) -> dict[str, Any]:
         """``running``: whether the job is Running; an ETA is written only then (not while it restarts, is
@@ -290,6 +304,8 @@ class ProgressStatus:
             out["silentRanks"] = list(self.silent)
         if self.note:
             out["note"] = self.note
+        if self.restarts_in_place:
+            out["restartsInPlace"] = self.restarts_in_place
         return out
 
     @staticmethod
@@ -314,6 +330,7 @@ class ProgressStatus:
             final=raw.get("final") is True,
             silent=tuple(r for r in raw.get("silentRanks") or [] if isinstance(r, int)),
             note=str(raw.get("note") or ""),
+            restarts_in_place=_int(raw.get("restartsInPlace")) or 0,
             ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
             straggler=(
                 Straggler(rank=_int(straggler.get("rank")) or 0, since=since)
@@ -407,6 +424,10 @@ class Summary:
     """Each rank's work seconds per step between its last two answers (what the straggler rule reads)."""
     latest: tuple[RankSample, ...] = ()
     """Each rank's newest answer in the window."""
+    restart_count: int = 0
+    """The most in-place restarts of the gang's processes any answer of this attempt reported."""
+    restart_reason: str = ""
+    """Why the last of them happened, as that answer said."""
 
     @property
     def slowest_rank(self) -> int | None:
@@ -488,6 +509,8 @@ def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS)
     rates = [w.rate for w in windows if w.rate is not None]
     targets = [w.target for w in windows if w.target is not None]
     paces = [w.step_rate for w in windows if w.step_rate is not None]
+    samples = (sample for s in scrapes for sample in s.ranks.values())
+    restarted = max(samples, key=lambda r: r.restart_count, default=RankSample())
     return Summary(
         at=latest.at,
         joined=joined_ranks(scrapes),
@@ -500,6 +523,8 @@ def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS)
         ranks=tuple(ranks),
         recent_work={w.progress.rank: w.recent_work for w in windows if w.recent_work is not None},
         latest=tuple(w.last for w in windows),
+        restart_count=restarted.restart_count,
+        restart_reason=restarted.restart_reason,
     )
 
 

@@ -50,6 +50,19 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class RestartedInPlace:
+    """The ranks' supervisors restarted the gang's processes in place (``--max-restarts``, which the operator sets),
+    ``count`` more times, ``seen`` in this attempt in all, the last because ``why``, as polled at ``at``: counted as
+    restarts; the pods, and the attempt, stay."""
+
+    count: int
+    seen: int
+    why: str
+    backoff_limit: int
+    at: datetime
+
+
+@dataclass(frozen=True)
 class Rebuild:
     """The next attempt, not counted as a restart: the pods were built from an older spec."""
 
@@ -145,8 +158,8 @@ class StragglerRecovered:
 
 
 Transition = (
-    Create | Finish | Restart | Rebuild | Suspend | Resume | Queue | Evict | Admit | Launch | Rendezvous | Run | Wait
-    | FlagStraggler | StragglerRecovered
+    Create | Finish | Restart | RestartedInPlace | Rebuild | Suspend | Resume | Queue | Evict | Admit | Launch
+    | Rendezvous | Run | Wait | FlagStraggler | StragglerRecovered
 )  # fmt: skip
 
 
@@ -171,6 +184,15 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
             message = f"{cause}; restarting the gang as attempt {status.attempt} ({count})"
             status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
             return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
+        case RestartedInPlace(count=count, seen=seen, why=why, backoff_limit=limit, at=at):
+            restarts = status.restarts + count
+            # The step went back to the checkpoint's: the progress deadline counts from the restart.
+            progress = status.progress and replace(status.progress, restarts_in_place=seen, step=None,
+                                                   last_progress_time=at)  # fmt: skip
+            status = replace(status, restarts=restarts, progress=progress)
+            message = (f"{why or 'a rank failed'}; the ranks' supervisors restarted the gang's processes in place "
+                       f"(restart {restarts} of {limit}; attempt {status.attempt} and its pods kept)")  # fmt: skip
+            return status, (Event(Reason.RETRYABLE, message, warning=True, key=f"{status.attempt}.{seen}"),)
         case Rebuild():
             status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
             message = f"the pods were built from an older spec; starting attempt {status.attempt}"

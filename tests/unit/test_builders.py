@@ -52,6 +52,7 @@ SINGLE = {
     "PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-0.train",
     "PET_MASTER_PORT": "29500", "DDPJOB_NAME": "train", "DDPJOB_ATTEMPT": "4", "METRICS_PORT": "9090",
     "PYTHONUNBUFFERED": "1", "TERMINATION_MESSAGE_PATH": "/dev/termination-log", "TERMINATION_GRACE_SECONDS": "30",
+    "MAX_RESTARTS": "0",
 }  # fmt: skip
 # Four processes per pod: torchrun sets RANK/LOCAL_RANK; WORLD_SIZE counts processes.
 MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {

@@ -13,11 +13,12 @@ from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT, LABEL_ATTEMPT
 from ddpjob_contract.status import Phase
 from ddpjob_operator import builders
 from ddpjob_operator.policies import in_place
+from ddpjob_operator.progress import RankSample
 from ddpjob_operator.status import pod_view
 
 from .factories import job
 from .test_controller import KEY, FakeKube, controller
-from .test_lifecycle import FakeCluster, running
+from .test_lifecycle import FakeCluster, running, train
 
 
 @pytest.mark.parametrize(
@@ -201,3 +202,69 @@ def test_the_last_attempts_pods_are_built_without_the_restart_rule() -> None:
 
     assert [bool(c.get("restartPolicyRules")) for c in built(1)] == [True, True], "attempt 1 of 3: in place"
     assert [bool(c.get("restartPolicyRules")) for c in built(2)] == [False, False], "attempt 2 is the last"
+
+
+@pytest.mark.parametrize(
+    ("run_policy", "restarts", "left"),
+    [
+        ({"backoffLimit": 3}, 0, 3),
+        ({"backoffLimit": 3}, 1, 2),
+        ({"backoffLimit": 3}, 3, 0),  # the last attempt: its failure ends the job as it failed
+        ({"backoffLimit": 3, "inPlaceRestart": "Disabled"}, 0, 0),
+        ({"backoffLimit": 3, "restartPolicy": "Never"}, 0, 0),
+        ({"backoffLimit": 3, "restartPolicy": "OnFailure"}, 1, 2),
+    ],
+)
+def test_the_ranks_supervisors_may_restart_the_gang_in_place_as_often_as_restarts_are_left(
+    run_policy: dict[str, Any], restarts: int, left: int
+) -> None:
+    policy = job(runPolicy=run_policy).spec.run_policy
+    assert in_place.in_process(policy, restarts) == left
+    pod = builders.pod(job(runPolicy=run_policy), 0, 0, gang=False, restarts_left=left)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MAX_RESTARTS"] == str(left)
+
+
+def _restarted(c: FakeCluster, count: int, why: str = "rank 1's training process was killed by SIGKILL") -> None:
+    """Every rank's supervisor restarted the gang ``count`` times in all: their new processes answer from step 0."""
+    c.metrics = {rank: RankSample(ready=True, step=0, restart_count=count, restart_reason=why) for rank in c.metrics}
+
+
+def test_a_restart_in_the_ranks_processes_is_counted_once_and_keeps_the_attempt_and_its_pods() -> None:
+    c = running(2, runPolicy={"backoffLimit": 3})
+    train(c, 5, 10)
+    pods = dict(c.pods)
+    _restarted(c, 1)
+    c.poll()
+    c.poll()  # the same count again: nothing more
+    assert (c.status.restarts, c.status.attempt, c.status.phase) == (1, 0, Phase.RUNNING)
+    assert c.pods == pods, "no pod deleted or made"
+    assert c.events.count("RetryableFailure") == 1
+    assert c.event_messages[-1] == (
+        "rank 1's training process was killed by SIGKILL; the ranks' supervisors restarted the gang's processes "
+        "in place (restart 1 of 3; attempt 0 and its pods kept)"
+    )
+    assert c.status.progress is not None and c.status.progress.to_dict()["restartsInPlace"] == 1
+    _restarted(c, 3)  # two more between two polls
+    c.poll()
+    assert c.status.restarts == 3 and c.events.count("RetryableFailure") == 2
+
+
+def test_restarts_in_the_ranks_processes_past_the_backoff_limit_fail_the_job() -> None:
+    # Possible only when a pod its kubelet restarted in place kept an earlier attempt's MAX_RESTARTS.
+    c = running(2, runPolicy={"backoffLimit": 1})
+    _restarted(c, 2)
+    c.poll()
+    assert c.status.phase is Phase.FAILED
+    assert c.condition("Failed")[:2] == (True, "BackoffLimitExceeded")
+    assert "killed by SIGKILL, and its processes restarted in place; no restarts left" in c.condition("Failed")[2]
+
+
+def test_after_a_restart_in_place_the_progress_deadline_counts_from_the_restart_not_the_lost_steps() -> None:
+    c = running(2, progressDeadlineSeconds=30, runPolicy={"backoffLimit": 3})
+    train(c, 5, 100)  # step 100, then back to the checkpoint's step 0, below it for longer than the deadline
+    _restarted(c, 1)
+    c.poll()
+    for _ in range(4):
+        train(c, 10, 20)  # steps 20 to 80: below 100, yet moving
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 1

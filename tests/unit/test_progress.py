@@ -183,3 +183,13 @@ def test_the_progress_status_reads_back_what_it_wrote() -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(0.0392, "39.2ms"), (0.5, "500ms"), (1.254, "1.25s"), (None, None)])
 def test_step_time_reads_well_in_a_column(seconds: float | None, text: str | None) -> None:
     assert human_seconds(seconds) == text
+
+
+def test_the_operator_reads_the_restart_count_and_reason_the_trainer_exports() -> None:
+    m = Metrics()
+    m.restart_count.set(2)
+    m.restart.info({"reason": 'rank 1\'s training process was killed by SIGKILL ("OOM"?)'})
+    sample = parse_metrics(generate_latest(m.registry).decode())
+    assert sample.restart_count == 2
+    assert sample.restart_reason == 'rank 1\'s training process was killed by SIGKILL ("OOM"?)'
+    assert parse_metrics(generate_latest(Metrics().registry).decode()).restart_count == 0

@@ -8,7 +8,7 @@ agent or the trainer's own supervisor restarted in place also has TORCHELASTIC_R
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddp_trainer.errors import ConfigError
 from ddpjob_contract.pods import (
@@ -17,6 +17,7 @@ from ddpjob_contract.pods import (
     ENV_MASTER_PORT,
     ENV_RANK,
     ENV_RESTART_COUNT,
+    ENV_RESTART_REASON,
     ENV_WORLD_SIZE,
 )
 
@@ -30,6 +31,8 @@ class Launch:
     master_port: int = 0
     restart_count: int = 0
     """In-place restarts of the gang's processes before this one (TORCHELASTIC_RESTART_COUNT)."""
+    restart_reason: str = ""
+    """Why the last of them happened, when the trainer's own supervisor made it (RESTART_REASON)."""
     under_agent: bool = False
     """Started by a launcher that restarts it in place (torchrun's agent, the trainer's supervisor): it must not
     supervise itself."""
@@ -57,9 +60,13 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
     restarts = _int(environ, ENV_RESTART_COUNT, 0)
     if restarts < 0:
         raise ConfigError(f"{ENV_RESTART_COUNT}={restarts} must be at least 0")
-    under_agent = bool(environ.get(ENV_RESTART_COUNT))
+    alone = Launch(
+        restart_count=restarts,
+        restart_reason=environ.get(ENV_RESTART_REASON, ""),
+        under_agent=bool(environ.get(ENV_RESTART_COUNT)),
+    )
     if not environ.get(ENV_WORLD_SIZE):
-        return Launch(restart_count=restarts, under_agent=under_agent)
+        return alone
     world_size = _int(environ, ENV_WORLD_SIZE)
     if world_size < 1:
         raise ConfigError(f"WORLD_SIZE={world_size} must be at least 1")
@@ -74,12 +81,11 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
     port = _int(environ, ENV_MASTER_PORT)
     if not 0 < port < 65536:
         raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
-    return Launch(
+    return replace(
+        alone,
         rank=rank,
         world_size=world_size,
         local_rank=_int(environ, ENV_LOCAL_RANK, 0),
         master_addr=environ[ENV_MASTER_ADDR],
         master_port=port,
-        restart_count=restarts,
-        under_agent=under_agent,
     )

@@ -27,6 +27,7 @@ from ddpjob_contract.metrics import (
     PHASES,
     PROCESS_GROUP_READY,
     RESTART_COUNT,
+    RESTART_INFO,
     SAMPLES_TOTAL,
     STEP,
     STEP_SECONDS,
@@ -100,6 +101,9 @@ class Metrics:
         )
         self.restart_count = Gauge(
             RESTART_COUNT, "In-place restarts of the gang's processes before this one.", registry=self.registry
+        )
+        self.restart = Info(
+            _base(RESTART_INFO, "_info"), "Why the gang's processes last restarted in place.", registry=self.registry
         )
         self.pg_ready = Gauge(PROCESS_GROUP_READY, "1 once init_process_group has returned.", registry=self.registry)
         self.info = Info(_base(INFO, "_info"), "Static facts about this training run.", registry=self.registry)

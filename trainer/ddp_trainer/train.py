@@ -29,6 +29,7 @@ from ddp_trainer.launch import Launch
 from ddp_trainer.metrics import Metrics, StepTiming
 from ddp_trainer.report import summary_lines
 from ddp_trainer.stop_vote import StopVote
+from ddpjob_contract.metrics import RESTART_REASON_LABEL
 
 log = logging.getLogger("ddp_trainer")
 
@@ -107,6 +108,8 @@ def _serve_metrics(metrics: Metrics, cfg: Config, launch: Launch) -> None:
 def run(cfg: Config, launch: Launch) -> Result:
     metrics = Metrics()
     metrics.restart_count.set(launch.restart_count)
+    if launch.restart_reason:
+        metrics.restart.info({RESTART_REASON_LABEL: launch.restart_reason})
     _serve_metrics(metrics, cfg, launch)  # before joining, so a rank stuck at rendezvous is visible
     d = distributed.setup(launch, cfg.dist)
     metrics.pg_ready.set(1 if d.backend != "none" else 0)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ddpjob_operator.api import RunPolicy
+from ddpjob_operator.api import InPlaceRestart, RestartPolicy, RunPolicy
 from ddpjob_operator.policies.restart import is_retryable
 from ddpjob_operator.status import Failure, PodView
 
@@ -55,6 +55,16 @@ def restartable(pod: PodView, policy: RunPolicy, spec_hash: str) -> bool:
 
 def _failure(pod: PodView) -> Failure:
     return Failure(rank=pod.rank or 0, pod=pod.name, exit_code=pod.exit_code)
+
+
+def in_process(policy: RunPolicy, restarts: int) -> int:
+    """How many times the ranks' own supervisors may restart the gang's processes in place, without the kubelet or
+    the operator (the trainer's ``--max-restarts``, told through ``MAX_RESTARTS``), in an attempt begun after
+    ``restarts`` restarts: the restarts left, under ``inPlaceRestart: Auto`` and a policy that retries at all; else
+    0. The operator counts each from the ranks' polls (``ddp_restart_count``)."""
+    if policy.in_place_restart is not InPlaceRestart.AUTO or policy.restart_policy is RestartPolicy.NEVER:
+        return 0
+    return max(0, policy.backoff_limit - restarts)
 
 
 def for_attempt(policy: RunPolicy, restarts: int) -> bool:
