@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Callable
@@ -145,16 +146,62 @@ def _until(predicate: Callable[[], bool]) -> None:
 def test_each_restart_is_heard_by_every_member_with_its_first_reason_and_by_a_late_one_too() -> None:
     port = free_ports(1)
     gang.Server(port)
-    first, second = gang.Member("127.0.0.1", port, 10), gang.Member("127.0.0.1", port, 10)
+    first, second = gang.Member("127.0.0.1", port, 0, 10), gang.Member("127.0.0.1", port, 1, 10)
     assert first.announce(1, "rank 1's training process was killed by SIGKILL")
     assert second.announce(1, "rank 0's training process exited 200")  # the same restart, seen later
     _until(lambda: first.heard() == 1 and second.heard() == 1)
-    late = gang.Member("127.0.0.1", port, 10)
+    late = gang.Member("127.0.0.1", port, 2, 10)
     _until(lambda: late.heard() == 1)
     for member in (first, second, late):
         assert member.why(1) == "rank 1's training process was killed by SIGKILL"
 
 
 def test_a_member_that_cannot_reach_rank_0_announces_nothing() -> None:
-    lonely = gang.Member("127.0.0.1", free_ports(1), 0.5)
+    lonely = gang.Member("127.0.0.1", free_ports(1), 1, 0.5)
     assert not lonely.announce(1, "a lost peer")
+    _until(lambda: bool(lonely.stopped()))
+    assert lonely.stopped() == "cannot reach rank 0's supervisor"
+
+
+def test_a_stop_reaches_every_member_and_a_member_that_is_gone_stops_the_gang() -> None:
+    port = free_ports(1)
+    gang.Server(port)
+    first, second = gang.Member("127.0.0.1", port, 0, 10), gang.Member("127.0.0.1", port, 1, 10)
+    second.stop("rank 1's training process was killed by the OOM killer (over its memory limit)")
+    _until(lambda: bool(first.stopped()))
+    assert first.stopped() == "rank 1's training process was killed by the OOM killer (over its memory limit)"
+    assert not first.announce(1, "too late") or first.heard() == 0, "no restart after a stop"
+
+    port = free_ports(1)
+    gang.Server(port)
+    staying = gang.Member("127.0.0.1", port, 0, 10)
+    leaving = socket.create_connection(("127.0.0.1", port))
+    leaving.sendall(b"hello 1\n")
+    _until(lambda: staying.heard() == 0 and staying.wakeup_fd() > 0)
+    leaving.close()
+    _until(lambda: bool(staying.stopped()))
+    assert staying.stopped() == "the supervisor of rank 1 is gone"
+
+
+def test_the_oom_kills_are_read_from_the_containers_memory_cgroup_v2_or_v1(tmp_path: Path) -> None:
+    v2, v1 = tmp_path / "memory.events", tmp_path / "memory.oom_control"
+    assert supervisor.oom_kills((v2, v1)) == 0, "no counter: none seen"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    assert supervisor.oom_kills((v2, v1)) == 3
+    v2.write_text("low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\n")
+    assert supervisor.oom_kills((v2, v1)) == 2
+
+
+def test_a_rank_whose_supervisor_is_gone_makes_its_peers_exit_as_their_children_did(tmp_path: Path) -> None:
+    args = trainer(*TINY, "--steps", "100000", "--max-restarts", "3", "--pg-timeout-seconds", "60")
+    ports = free_ports(2)
+    with processes() as procs:
+        rank0 = procs.start(args, rank_env(0, 2, ports))
+        rank1 = procs.start(args, rank_env(1, 2, ports))
+        assert rank0.stdout is not None
+        while "step=5/" not in rank0.stdout.readline():
+            pass
+        rank1.kill()  # the supervisor alone, as when its container's main process dies: its child goes with it
+        done = procs.wait(rank0, timeout=120)
+    assert done.returncode == exits.EXIT_RETRYABLE, done.stdout + done.stderr
+    assert "restarting the gang in place" not in done.stderr, done.stderr

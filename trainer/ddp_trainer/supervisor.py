@@ -5,15 +5,19 @@ server that imported torch and the trainer once. A fresh process spends about 3 
 its first step (``import torch``, and ``torch._dynamo``, which DDP's constructor imports), and that is most of
 what a restart costs once Kubernetes is out of the way.
 
-When a child fails in a way a restart can fix (``retryable``: a lost peer or a collective timeout, or killed by a
-signal such as the OOM killer's), its supervisor says so through a store that rank 0's supervisor serves on
-MASTER_PORT + 1. Every supervisor then ends its child's process group (SIGKILL: a child blocked in a collective
+When a child fails in a way a restart can fix (``retryable``: killed by a signal, or the trainer's code for a lost
+peer or a collective timeout), its supervisor announces a restart to the gang (``gang``: rank 0's supervisor, on
+MASTER_PORT + 1). Every supervisor then ends its child's process group (SIGKILL: a child blocked in a collective
 with the lost rank cannot answer anything else) and starts a new child, which joins a new process group on
 MASTER_PORT and resumes from the newest checkpoint. Each child reads the number of restarts before it from
-TORCHELASTIC_RESTART_COUNT, as under torchrun's agent, and exports it.
+TORCHELASTIC_RESTART_COUNT, as under torchrun's agent, and exports it. A child that lost a peer waits a moment for
+the rank that failed to speak first, so that the reason is that rank's.
 
-After N restarts, or on any other exit (success, a permanent error, a stop), the supervisor exits as its child
-did, and whoever started it takes over as if there were no supervisor. Asked to stop (SIGTERM, SIGINT), it passes
+Some failures are not restarted in place: an OOM kill (the container ends, and the kubelet says OOMKilled with the
+limit), a child out of restarts (``--max-restarts N``), any other exit (success, a bug, a permanent error, a stop).
+The supervisor then tells the gang to stop restarting in place, and exits as its child did, for whoever started it
+to take over as if there were no supervisor; its peers do the same as their children fail. So does every supervisor
+when one of them is gone (its connection to rank 0's ends). Asked to stop (SIGTERM, SIGINT), a supervisor passes
 the signal to its child, which saves at the next step boundary as it does alone, and restarts nothing more.
 """
 
@@ -24,10 +28,13 @@ import ctypes
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import re
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any
 
 from ddp_trainer import gang
@@ -38,6 +45,10 @@ from ddpjob_contract.pods import ENV_MAX_RESTARTS, ENV_RESTART_COUNT, ENV_RESTAR
 PRELOAD = ("ddp_trainer.train", "torch._dynamo")
 """What the fork server imports once, so that no child pays for it."""
 _STOPS = (signal.SIGTERM, signal.SIGINT)
+FOLLOW_SECONDS = 2.0
+"""How long a supervisor whose child lost a peer waits for the gang's word before it announces a restart itself."""
+_OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+"""The container's memory cgroup, v2 then v1: each has an ``oom_kill N`` line."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -53,6 +64,16 @@ def exit_status(exitcode: int) -> int:
     """The supervisor's own exit status for its child's multiprocessing exit code: 128 + N for signal N, as a
     shell reports it."""
     return exits.SIGNAL_EXIT_BASE - exitcode if exitcode < 0 else exitcode
+
+
+def oom_kills(counters: Sequence[Path] = _OOM_COUNTERS) -> int:
+    """The OOM killer's kills so far in this container's memory cgroup; 0 where no counter can be read."""
+    for path in counters:
+        with contextlib.suppress(OSError):
+            found = re.search(r"^oom_kill (\d+)$", path.read_text(), re.MULTILINE)
+            if found:
+                return int(found.group(1))
+    return 0
 
 
 def describe(rank: int, exitcode: int) -> str:
@@ -95,23 +116,51 @@ class Supervisor:
             signal.signal(signum, self._on_stop)
         restart = 0
         while not self._stop:
+            ooms = oom_kills()
             child = self._start(restart)
             peer_failed = self._watch(child, restart)
             self._end(child)  # and its data loaders, if they outlived it
+            assert child.exitcode is not None
             code = child.exitcode
-            assert code is not None
-            if peer_failed:  # this child's collectives would only have hung
-                restart = self._next(restart)
-                continue
-            if self._stop or not retryable(code):
+            if not peer_failed:  # else this child's collectives would only have hung: restart it with the gang
+                if code == exits.EXIT_OK or self._stop or self._gang.stopped():
+                    return exit_status(code)
+                why_not = self._why_not(code, oom=oom_kills() > ooms, restart=restart)
+                if why_not:
+                    self._gang.stop(why_not)
+                    print(f"ddp_trainer: {why_not}: not restarted in place", file=sys.stderr, flush=True)
+                    return exit_status(code)
+                if code == exits.EXIT_RETRYABLE:
+                    self._wait_for_news(restart, FOLLOW_SECONDS)  # the rank that failed says what it does
+                if self._gang.heard() <= restart and not self._gang.stopped():
+                    self._gang.announce(restart + 1, describe(self._rank, code))
+            newest = self._next(restart)
+            if newest == restart:  # the gang stopped restarting in place, or this supervisor was asked to stop
                 return exit_status(code)
-            if self._gang.heard() > restart:  # a peer announced first: this child failed because of it
-                restart = self._next(restart)
-                continue
-            if restart >= self._max or not self._gang.announce(restart + 1, describe(self._rank, code)):
-                return exit_status(code)
-            restart = self._next(restart)
+            restart = newest
         return exits.SIGNAL_EXIT_BASE + self._stop
+
+    def _why_not(self, code: int, *, oom: bool, restart: int) -> str:
+        """Why this child's end restarts nothing in place (empty: it may)."""
+        if not retryable(code):
+            return f"rank {self._rank}'s training process exited {code}"
+        if oom and code == -signal.SIGKILL:
+            # Said as the kubelet says it (OOMKilled, with the limit), by ending the container.
+            return f"rank {self._rank}'s training process was killed by the OOM killer (over its memory limit)"
+        if restart >= self._max:
+            return f"rank {self._rank}'s training process failed again after {self._max} restarts in place"
+        return ""
+
+    def _wait_for_news(self, restart: int, seconds: float) -> None:
+        """Wait up to ``seconds`` for a restart past ``restart`` or a stop (a peer lost by the rank that failed, who
+        announces it at once; a collective timed out where no rank failed: nobody does)."""
+        deadline = time.monotonic() + seconds
+        while self._gang.heard() <= restart and not self._gang.stopped() and not self._stop:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            wait([self._gang.wakeup_fd(), self._stop_read], timeout=left)
+            _empty(self._gang.wakeup_fd())
 
     def _start(self, restart: int) -> Any:
         why = self._gang.why(restart)
@@ -134,14 +183,14 @@ class Supervisor:
             ready = wait([child.sentinel, gang_fd, self._stop_read])
             if child.sentinel in ready:
                 return False
-            if self._gang.heard() > restart and not self._stop:
+            if self._gang.heard() > restart and not self._stop and not self._gang.stopped():
                 return True
             _empty(self._stop_read)
             _empty(gang_fd)  # stopping: a restart heard now changes nothing
 
     def _next(self, restart: int) -> int:
         """Wait for the announcement past ``restart`` (or a stop), say it, and return the newest restart heard."""
-        while self._gang.heard() <= restart and not self._stop:
+        while self._gang.heard() <= restart and not self._stop and not self._gang.stopped():
             wait([self._gang.wakeup_fd(), self._stop_read])
         _empty(self._gang.wakeup_fd())
         newest = self._gang.heard()
@@ -186,5 +235,5 @@ def supervise(argv: Sequence[str], launch: Launch, max_restarts: int, connect_ti
         port = launch.master_port + gang.STORE_PORT_OFFSET
         if launch.rank == 0:
             gang.Server(port)  # serves from its own threads for the life of the process
-        the_gang = gang.Member(launch.master_addr, port, connect_timeout)
+        the_gang = gang.Member(launch.master_addr, port, launch.rank, connect_timeout)
     return Supervisor(argv, launch.rank, max_restarts, the_gang).run()
