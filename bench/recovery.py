@@ -1,16 +1,19 @@
 """Recovery: how fast a gang trains again after a failure, and how many steps a stop costs.
 
-    python -m bench.recovery                  # 10 trials of each, both ways
-    python -m bench.recovery --trials 2
+    python -m bench.recovery                  # 10 trials of each, every way
+    python -m bench.recovery --trials 2 --only failure --ways recreate,processes
 
 The box with its node (no Prometheus), the operator as its own process. Two-rank tinycnn jobs, with a
 PersistentVolumeClaim for checkpoints. Every figure is taken side by side in one run, the two ways alternating:
 
-- **Failure to training again.** Rank 1's trainer process is SIGKILLed on the host (as an OOM killer would), and the
-  time runs until every rank of the next attempt has finished a step: a process started after the kill whose
-  ``ddp_steps_total`` is at least 1 (read from each rank's own /metrics every 0.1 s). ``recreate``: the gang's pods
-  are deleted and made again (``spec.runPolicy.inPlaceRestart: Disabled``); ``in place``: the kubelet restarts every
-  rank's containers in their pods (``Auto``, where the cluster supports restart rules). Checkpoints every 20 steps.
+- **Failure to training again.** Rank 1's training process is SIGKILLed on the host (as an OOM killer or a crash
+  would), and the time runs until every rank has finished a step in a process started after the kill (its
+  ``ddp_steps_total`` at least 1, read from each rank's own /metrics every 0.1 s). Three ways (``--ways``):
+  ``recreate``: the gang's pods are deleted and made again (``spec.runPolicy.inPlaceRestart: Disabled``, no
+  supervisor); ``kubelet``: the kubelet restarts every rank's containers in their pods (``Auto``, the trainer run
+  with ``--max-restarts 0``, so its container's first process is the one killed); ``processes``: each rank's
+  supervisor restarts the gang's training processes in their containers (``Auto``, the default: the child of the
+  supervisor is the one killed). Checkpoints every 20 steps.
 - **Steps lost per stop.** The job is suspended at a random step and resumed; the steps redone are the furthest step
   any rank was seen at before the stop (polled every 0.1 s until its pods are gone, so a lower bound) less the step
   the resumed rank 0 loaded. ``at once``: the trainer exits at SIGTERM (``--stop-grace-seconds 0``, the behaviour
@@ -45,7 +48,12 @@ TRIAL_TIMEOUT = 300.0
 METRICS_PORT = 9090
 
 
-def job(name: str, *, interval: int, in_place: bool = True, extra: Sequence[str] = ()) -> dict[str, Any]:
+WAYS = ("recreate", "kubelet", "processes")
+
+
+def job(name: str, *, interval: int, way: str = "processes", extra: Sequence[str] = ()) -> dict[str, Any]:
+    if way == "kubelet":
+        extra = (*extra, "--max-restarts", "0")
     args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
             "--steps", "1000000", "--checkpoint-interval", str(interval), "--metrics-linger-seconds", "0",
             "--slow-rank", "0", "--slow-seconds", "0.02", *extra]  # fmt: skip
@@ -58,7 +66,7 @@ def job(name: str, *, interval: int, in_place: bool = True, extra: Sequence[str]
         "spec": {
             "replicas": 2,
             "checkpoint": {"claimName": name},
-            "runPolicy": {"backoffLimit": 100, "inPlaceRestart": "Auto" if in_place else "Disabled"},
+            "runPolicy": {"backoffLimit": 100, "inPlaceRestart": "Disabled" if way == "recreate" else "Auto"},
             "template": {"spec": {"containers": [container]}},
         },
     }
@@ -108,9 +116,10 @@ class Cluster:
     def steps(self, name: str) -> list[dict[str, float]]:
         return [scrape(p.status.pod_ip) for p in self.ranks(name).values() if p.status.pod_ip]
 
-    def trainer_pid(self, pod: Any) -> int:
+    def training_pid(self, pod: Any) -> int:
+        """The rank's training process: under a supervisor, its child; else the container's first process."""
         found = [s for s in pod.status.container_statuses or [] if s.name == "trainer" and s.state.running]
-        return int(self.node.container_pid(found[0].container_id))
+        return int(self.node.training_pid(found[0].container_id))
 
 
 @dataclass
@@ -126,7 +135,7 @@ def failure_to_training(cluster: Cluster, name: str) -> Recovery:
     deadline = time.monotonic() + TRIAL_TIMEOUT
     wait_until("a step past the first checkpoint", lambda: all(s.get("ddp_step", 0) >= 25 for s in cluster.steps(name))
                and len(cluster.steps(name)) == 2, lambda: deadline, interval=0.5)  # fmt: skip
-    pid = cluster.trainer_pid(cluster.ranks(name)[1])
+    pid = cluster.training_pid(cluster.ranks(name)[1])
     killed_wall, killed = time.time(), time.monotonic()
     os.kill(pid, signal.SIGKILL)
     found: list[dict[str, float]] = []
@@ -175,15 +184,17 @@ def steps_lost(cluster: Cluster, name: str, rng: random.Random) -> int:
 @dataclass
 class Results:
     recreate: list[Recovery]
-    in_place: list[Recovery]
+    kubelet: list[Recovery]
+    processes: list[Recovery]
     at_once: list[int]
     saves_first: list[int]
 
 
-def alternate(trials: int, first: Callable[[], None], second: Callable[[], None]) -> None:
+def alternate(trials: int, *runs: Callable[[], None]) -> None:
+    """Each trial runs every way once, the order turned by one each time: no way always goes first."""
     for i in range(trials):
-        for run in (first, second) if i % 2 == 0 else (second, first):
-            run()
+        for j in range(len(runs)):
+            runs[(i + j) % len(runs)]()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -191,7 +202,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", choices=["failure", "stop"], default="", help="one of the two figures")
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"the failure's ways, of {', '.join(WAYS)}")
     args = parser.parse_args(argv)
+    ways = [w for w in args.ways.split(",") if w]
+    if not ways or set(ways) - set(WAYS):
+        parser.error(f"--ways: choose among {', '.join(WAYS)}, comma-separated (got {args.ways!r})")
     rng = random.Random(args.seed)
 
     from kubernetes import client, config
@@ -199,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from ddpjob_box.box import Box
     from ddpjob_box.operator_process import OperatorProcess
 
-    results = Results([], [], [], [])
+    results = Results([], [], [], [], [])
     with tempfile.TemporaryDirectory(prefix="ddpjob-recovery-") as tmp, Box(Path(tmp) / "box",
                                                                             with_prometheus=False) as box:  # fmt: skip
         plane = box.plane
@@ -213,14 +228,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         operator = OperatorProcess(plane.kubeconfig, Path(tmp) / "operator.log", namespaces=[namespace])
         try:
 
-            def kill(in_place: bool, into: list[Recovery]) -> Callable[[], None]:
+            def kill(way: str) -> Callable[[], None]:
+                into: list[Recovery] = getattr(results, way)
+
                 def run() -> None:
-                    name = cluster.start(job(f"r-{uuid.uuid4().hex[:6]}", interval=20, in_place=in_place))
+                    name = cluster.start(job(f"r-{uuid.uuid4().hex[:6]}", interval=20, way=way))
                     into.append(failure_to_training(cluster, name))
-                    log(
-                        f"{'in place' if in_place else 'recreate'}: failure -> training {into[-1].seconds}s "
-                        f"(new processes started after {into[-1].started}s)"
-                    )
+                    log(f"{way}: failure -> training {into[-1].seconds}s "
+                        f"(new processes started after {into[-1].started}s)")  # fmt: skip
                     cluster.delete(name)
 
                 return run
@@ -236,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 return run
 
             if args.only in ("", "failure"):
-                alternate(args.trials, kill(False, results.recreate), kill(True, results.in_place))
+                alternate(args.trials, *(kill(way) for way in ways))
             if args.only in ("", "stop"):
                 alternate(args.trials, stop(False, results.at_once), stop(True, results.saves_first))
         finally:
@@ -244,10 +259,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             api.close()
     rows: list[list[Any]] = []
     for label, how, values in (
-        ("failure -> training again, s", "recreate", [r.seconds for r in results.recreate]),
-        ("failure -> training again, s", "in place", [r.seconds for r in results.in_place]),
-        ("failure -> new processes started, s", "recreate", [r.started for r in results.recreate]),
-        ("failure -> new processes started, s", "in place", [r.started for r in results.in_place]),
+        *(("failure -> training again, s", way, [r.seconds for r in getattr(results, way)]) for way in WAYS),
+        *(("failure -> new processes started, s", way, [r.started for r in getattr(results, way)]) for way in WAYS),
         ("steps lost per stop", "at once", [float(v) for v in results.at_once]),
         ("steps lost per stop", "saves first", [float(v) for v in results.saves_first]),
     ):

@@ -161,6 +161,13 @@ class Jobs:
 
         return node.container_pid(wait_for(f"{pod}'s {container} container to run", running_id, 120))
 
+    def training_pid(self, node: KubeletNode, pod: str) -> int:
+        """The host PID of a pod's training process: the child of the trainer's supervisor, where there is one."""
+        found = self.pod(pod).status.container_statuses or []
+        running = [s.container_id for s in found if s.name == "trainer" and s.state.running and s.container_id]
+        assert running, f"{pod}'s trainer is not running"
+        return node.training_pid(str(running[0]))
+
     def wait_running(self, name: str, timeout: float) -> dict[str, Any]:
         """Running, which the operator reports only once every rank joined the process group."""
         return self.wait_phase(name, "Running", timeout)

@@ -132,3 +132,46 @@ def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_
     )
     restarting = jobs.condition("inplace", "Restarting")
     assert restarting and restarting["reason"] == "Recovered", restarting
+
+
+def test_a_killed_training_process_is_restarted_in_its_pods_processes_counting_one_restart(
+    jobs: Jobs, node: KubeletNode
+) -> None:
+    # The OOM killer or a crash ends the training process, not the container: each rank's supervisor restarts the
+    # gang's processes, and neither the kubelet nor the operator restarts anything.
+    _claim(jobs, "ckpt-proc")
+    args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
+    jobs.create(cpu_job("inproc", args=args, checkpoint={"claimName": "ckpt-proc"}))
+    jobs.wait_running("inproc", 180)
+    before = {r: jobs.pod(f"inproc-{r}") for r in range(2)}
+    env = {e.name: e.value for e in before[1].spec.containers[0].env}
+    assert int(env["MAX_RESTARTS"]) >= 1, env
+    wait_for(
+        "rank 1 past a checkpoint", lambda: rank_metric(before[1].status.pod_ip, "ddp_step") >= 25, 300, interval=1
+    )
+    training = jobs.training_pid(node, "inproc-1")
+    assert training != jobs.pid(node, "inproc-1"), "a supervisor runs the training process"
+    os.kill(training, signal.SIGKILL)
+
+    def counted() -> dict[str, Any] | None:
+        status = jobs.status("inproc")
+        return status if status.get("restarts") == 1 else None
+
+    status = wait_for("the restart counted", counted, 120, interval=1)
+    assert (status["attempt"], status["phase"]) == (0, "Running"), status
+    assert status["progress"]["restartsInPlace"] == 1, status
+    for rank in range(2):
+        ip = before[rank].status.pod_ip
+        wait_for(f"rank {rank}'s new process training", lambda ip=ip: rank_metric(ip, "ddp_steps_total") >= 1
+                 and rank_metric(ip, "ddp_restart_count") == 1, 120, interval=1)  # fmt: skip
+    after = {r: jobs.pod(f"inproc-{r}") for r in range(2)}
+    assert {r: p.metadata.uid for r, p in after.items()} == {r: p.metadata.uid for r, p in before.items()}
+    assert all(p.metadata.labels["ddpjob.dev/attempt"] == "0" for p in after.values())
+    assert all(s.restart_count == 0 for p in after.values() for s in p.status.container_statuses), "no kubelet restart"
+    said = [e.message for e in jobs.events("inproc", "RetryableFailure")]
+    assert len(said) == 1 and said[0].startswith(
+        "rank 1's training process was killed by SIGKILL; the ranks' supervisors restarted the gang's processes in "
+        "place (restart 1 of "
+    ), said
+    assert "restarting the gang in place (1 of" in jobs.log("inproc-0")
+    assert re.search(r"resumed from step (\d+)", jobs.log("inproc-0")), "from the checkpoint"

@@ -436,6 +436,18 @@ class KubeletNode:
                 return min(procs)
         raise BoxError(f"no process of container {ident} under {pids}: is it running?")
 
+    def training_pid(self, container_id: str) -> int:
+        """The host PID of a trainer container's training process: under the trainer's supervisor (``MAX_RESTARTS``
+        above 0), the child of its fork server, which the supervisor restarts in place; else the container's first
+        process (``container_pid``). What an OOM killer or a crash ends."""
+        main = self.container_pid(container_id)
+        for child in _children(main):
+            if b"multiprocessing.forkserver" in _cmdline(child):
+                training = sorted(_children(child))
+                if training:
+                    return training[0]
+        return main
+
     def log_tails(self) -> str:
         return "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in self.components)
 
@@ -545,6 +557,21 @@ def _http_ok(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found |= {int(p) for p in (task / "children").read_text().split()}
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _cgroup_pids(path: Path) -> set[int]:
