@@ -10,7 +10,8 @@ The box with its node, the trainer image, and the operator as its own process, w
 per run going on at once (the chart's namespaced mode). Each run creates a 2-rank tinycnn DDPJob that
 checkpoints every 10 steps in a namespace no other run uses meanwhile, then injects 1 to 3 faults
 chosen and timed by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the
-job to end: a killed, hung (SIGSTOP) or deleted rank; the operator SIGKILLed, or armed at a fault point
+job to end: a killed rank (its training process, which its supervisor restarts in place, or its container's first
+process), a hung one (its training process SIGSTOPped) or a deleted one; the operator SIGKILLed, or armed at a fault point
 (``ddpjob_operator.faults``: it exits at its next pod creation or deletion, in whichever job's work);
 kubelet, kube-apiserver or etcd restarted; suspend then resume; a spec edit (what may change while it
 runs, and a template change, which CEL must refuse); the job, or its whole namespace, deleted while it
@@ -495,7 +496,9 @@ class NotInjected(Exception):
     """The fault found nothing to act on (the rank's process had just gone): the run goes on without it."""
 
 
-def trainer_pid(stack: Stack, job: JobRef, pod: str) -> int:
+def trainer_pid(stack: Stack, job: JobRef, pod: str, *, training: bool = True) -> int:
+    """The host PID of the rank's training process (``training``: the child its supervisor restarts in place, where
+    there is one), or of its trainer container's first process."""
     from kubernetes.client.rest import ApiException
 
     from ddpjob_box.errors import BoxError
@@ -511,7 +514,9 @@ def trainer_pid(stack: Stack, job: JobRef, pod: str) -> int:
         running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
         try:
             if running:
-                return int(stack.box.node.container_pid(running[0].container_id))
+                node = stack.box.node
+                pid = node.training_pid if training else node.container_pid
+                return int(pid(running[0].container_id))
         except BoxError as err:
             if time.monotonic() > deadline:
                 raise NotInjected(str(err)) from None
@@ -532,7 +537,9 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
     pod = f"{job.name}-{rank}"
     match fault:
         case "kill-rank":
-            os.kill(trainer_pid(stack, job, pod), signal.SIGKILL)
+            # Half the time the training process (its supervisor restarts the gang's in place), half the container's
+            # first process (the container ends: its kubelet restarts it in place, or the operator makes it again).
+            os.kill(trainer_pid(stack, job, pod, training=rng.random() < 0.5), signal.SIGKILL)
         case "hang-rank":
             os.kill(trainer_pid(stack, job, pod), signal.SIGSTOP)
         case "delete-pod":
