@@ -37,6 +37,17 @@ def _resumed_line(jobs: Jobs, pod: str) -> str | None:
     return log if "resumed from step" in log else None
 
 
+def _past_a_checkpoint(jobs: Jobs, name: str) -> dict[int, Any]:
+    """A 2-rank job that checkpoints every 20 steps, running, once rank 1 is past its first checkpoint: its pods."""
+    _claim(jobs, f"{name}-ckpt")
+    args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
+    jobs.create(cpu_job(name, args=args, checkpoint={"claimName": f"{name}-ckpt"}))
+    jobs.wait_running(name, 180)
+    pods = {r: jobs.pod(f"{name}-{r}") for r in range(2)}
+    wait_for("rank 1 past a checkpoint", lambda: rank_metric(pods[1].status.pod_ip, "ddp_step") >= 25, 300, interval=1)
+    return pods
+
+
 def _suspend(jobs: Jobs, name: str, suspend: bool) -> None:
     jobs.custom.patch_namespaced_custom_object(
         GROUP, VERSION, jobs.ns, PLURAL, name, {"spec": {"runPolicy": {"suspend": suspend}}}
@@ -94,16 +105,9 @@ def test_a_suspended_job_saves_the_step_it_stopped_at_and_resumes_from_it(jobs: 
 def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_one_restart(
     jobs: Jobs, node: KubeletNode
 ) -> None:
-    _claim(jobs, "ckpt")
-    args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
-    jobs.create(cpu_job("inplace", args=args, checkpoint={"claimName": "ckpt"}))
-    jobs.wait_running("inplace", 180)
-    before = {r: jobs.pod(f"inplace-{r}") for r in range(2)}
+    before = _past_a_checkpoint(jobs, "inplace")
     rules = before[0].spec.containers[0].restart_policy_rules
     assert rules and rules[0].action == "RestartAllContainers", "1.37 keeps the rule: in place is on"
-    wait_for(
-        "rank 1 past a checkpoint", lambda: rank_metric(before[1].status.pod_ip, "ddp_step") >= 25, 300, interval=1
-    )
     os.kill(jobs.pid(node, "inplace-1"), signal.SIGKILL)
 
     def next_attempt_running() -> dict[str, Any] | None:
@@ -137,18 +141,11 @@ def test_a_killed_rank_restarts_the_gang_in_place_keeping_its_pods_and_counting_
 def test_a_killed_training_process_is_restarted_in_its_pods_processes_counting_one_restart(
     jobs: Jobs, node: KubeletNode
 ) -> None:
-    # The OOM killer or a crash ends the training process, not the container: each rank's supervisor restarts the
-    # gang's processes, and neither the kubelet nor the operator restarts anything.
-    _claim(jobs, "ckpt-proc")
-    args = ["--steps", "100000", "--checkpoint-interval", "20", "--slow-rank", "0", "--slow-seconds", "0.05"]
-    jobs.create(cpu_job("inproc", args=args, checkpoint={"claimName": "ckpt-proc"}))
-    jobs.wait_running("inproc", 180)
-    before = {r: jobs.pod(f"inproc-{r}") for r in range(2)}
+    # A crash or a kill ends the training process, not the container: each rank's supervisor restarts the gang's
+    # processes, and neither the kubelet nor the operator restarts anything.
+    before = _past_a_checkpoint(jobs, "inproc")
     env = {e.name: e.value for e in before[1].spec.containers[0].env}
     assert int(env["MAX_RESTARTS"]) >= 1, env
-    wait_for(
-        "rank 1 past a checkpoint", lambda: rank_metric(before[1].status.pod_ip, "ddp_step") >= 25, 300, interval=1
-    )
     training = jobs.training_pid(node, "inproc-1")
     assert training != jobs.pid(node, "inproc-1"), "a supervisor runs the training process"
     os.kill(training, signal.SIGKILL)
