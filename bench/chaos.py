@@ -11,8 +11,8 @@ per run going on at once (the chart's namespaced mode). Each run creates a 2-ran
 checkpoints every 10 steps in a namespace no other run uses meanwhile, then injects 1 to 3 faults
 chosen and timed by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the
 job to end: a killed rank (its training process, which its supervisor restarts in place, or its container's first
-process), a hung one (its training process SIGSTOPped) or a deleted one; the operator SIGKILLed, or armed at a fault point
-(``ddpjob_operator.faults``: it exits at its next pod creation or deletion, in whichever job's work);
+process), a hung one (its training process SIGSTOPped) or a deleted one; the operator SIGKILLed, or armed at a fault
+point (``ddpjob_operator.faults``: it exits at its next pod creation or deletion, in whichever job's work);
 kubelet, kube-apiserver or etcd restarted; suspend then resume; a spec edit (what may change while it
 runs, and a template change, which CEL must refuse); the job, or its whole namespace, deleted while it
 runs (always the run's last fault). With ``--parallel N``, N runs go on at once: a restart of kubelet,

@@ -34,6 +34,9 @@ SUMMARY_STEP_SECONDS = "step_seconds_mean"
 """Mean wall time of a step, the warm-up left out (absent when the run was not timed)."""
 SUMMARY_SAMPLES_PER_SECOND = "samples_per_second"
 """This process's samples per second over the same steps (absent when the run was not timed)."""
+SUMMARY_RESTARTS = "restarts"
+"""In-place restarts of the gang's processes before this process (its TORCHELASTIC_RESTART_COUNT); absent for
+none. The operator counts them from its polls, and from here those its polls missed at the end of a run."""
 
 
 def stopped_message(step: int, signal_name: str) -> str:

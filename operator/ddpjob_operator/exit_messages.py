@@ -25,6 +25,8 @@ class ExitSummary:
     step: int
     samples_per_second: float | None
     step_seconds: float | None
+    restarts: int = 0
+    """In-place restarts of the gang's processes before the one that wrote it."""
 
 
 def parse(message: str) -> ExitSummary | None:
@@ -42,6 +44,7 @@ def parse(message: str) -> ExitSummary | None:
         step=step,
         samples_per_second=_number(raw.get(exits.SUMMARY_SAMPLES_PER_SECOND)),
         step_seconds=_number(raw.get(exits.SUMMARY_STEP_SECONDS)),
+        restarts=int(_number(raw.get(exits.SUMMARY_RESTARTS)) or 0),
     )
 
 
@@ -85,6 +88,12 @@ def final_progress(
             for rank, s in sorted(found.items())
         ),
     )
+
+
+def restarts_in_place(pods: Iterable[PodView]) -> int:
+    """The most in-place restarts of the gang's processes that a rank which exited 0 says came before it."""
+    said = (parse(pod.message) for pod in pods if pod.succeeded)
+    return max((s.restarts for s in said if s is not None), default=0)
 
 
 def stopped_checkpoint(pods: Iterable[PodView], known: Checkpoint | None) -> Checkpoint | None:

@@ -398,15 +398,17 @@ def _restarted_in_place(v: View) -> Transition | None:
     polls say: each restart is counted, as the operator's own are; past backoffLimit (possible only when a pod
     restarted in place by its kubelet kept the env of an earlier attempt), the job has failed."""
     counted = v.status.progress.restarts_in_place if v.status.progress else 0
-    if v.fold is None or v.fold.summary.restart_count <= counted:
+    polled = v.fold.summary.restart_count if v.fold else 0
+    seen = max(polled, exit_messages.restarts_in_place(v.obs.current.values()))  # those the polls missed at the end
+    if seen <= counted:
         return None
-    summary, rp = v.fold.summary, v.job.spec.run_policy
-    more = summary.restart_count - counted
-    if v.status.restarts + more > rp.backoff_limit:
-        why = summary.restart_reason or "a rank failed"
-        return Finish(False, Reason.BACKOFF, f"{why}, and its processes restarted in place; "
+    rp = v.job.spec.run_policy
+    why = v.fold.summary.restart_reason if v.fold and polled == seen else ""
+    if v.status.restarts + seen - counted > rp.backoff_limit:
+        return Finish(False, Reason.BACKOFF, f"{why or 'a rank failed'}, and its processes restarted in place; "
                                              f"{_no_restarts_left(rp.backoff_limit)}")  # fmt: skip
-    return RestartedInPlace(more, summary.restart_count, summary.restart_reason, rp.backoff_limit, summary.at)
+    at = v.fold.summary.at if v.fold else v.now
+    return RestartedInPlace(seen - counted, seen, why, rp.backoff_limit, at)
 
 
 def _exiting(job: Job, status: JobStatus, obs: Observation) -> bool:

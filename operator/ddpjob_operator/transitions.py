@@ -12,6 +12,7 @@ from datetime import datetime
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.events import Event
+from ddpjob_operator.progress import ProgressStatus
 from ddpjob_operator.status import JobStatus
 
 
@@ -187,8 +188,8 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
         case RestartedInPlace(count=count, seen=seen, why=why, backoff_limit=limit, at=at):
             restarts = status.restarts + count
             # The step went back to the checkpoint's: the progress deadline counts from the restart.
-            progress = status.progress and replace(status.progress, restarts_in_place=seen, step=None,
-                                                   last_progress_time=at)  # fmt: skip
+            progress = replace(status.progress or ProgressStatus(attempt=status.attempt), restarts_in_place=seen,
+                               step=None, last_progress_time=at)  # fmt: skip
             status = replace(status, restarts=restarts, progress=progress)
             message = (f"{why or 'a rank failed'}; the ranks' supervisors restarted the gang's processes in place "
                        f"(restart {restarts} of {limit}; attempt {status.attempt} and its pods kept)")  # fmt: skip

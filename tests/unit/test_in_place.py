@@ -268,3 +268,15 @@ def test_after_a_restart_in_place_the_progress_deadline_counts_from_the_restart_
     for _ in range(4):
         train(c, 10, 20)  # steps 20 to 80: below 100, yet moving
     assert c.status.phase is Phase.RUNNING and c.status.restarts == 1
+
+
+def test_a_restart_in_place_that_no_poll_saw_is_counted_from_the_exit_summaries_at_the_end() -> None:
+    c = running(2, runPolicy={"backoffLimit": 3})
+    train(c, 5, 10)
+    summary = '{"step": 500, "samples": 4000, "restarts": 1}'  # the processes after the restart, which no poll saw
+    for rank in range(2):
+        c.set(rank, phase="Succeeded", exit_code=0, message=summary)
+    c.settle()
+    assert (c.status.phase, c.status.restarts) == (Phase.SUCCEEDED, 1)
+    assert c.events.count("RetryableFailure") == 1
+    assert c.status.progress is not None and c.status.progress.final and c.status.progress.step == 500

@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             raise  # a bug: Python prints the traceback and exits 1 (the log's tail is the message)
         message = f"lost a peer or a collective timed out: {_one_line(err)}"
         return _fail(path, message, "retryable", exits.EXIT_RETRYABLE)
-    summary = report.exit_summary(result.steps, result.timings, compiled=cfg.model.compile)
+    summary = report.exit_summary(
+        result.steps, result.timings, compiled=cfg.model.compile, restarts=launch.restart_count
+    )
     _leave_message(path, json.dumps(summary, separators=(",", ":")))
     return exits.EXIT_OK
 

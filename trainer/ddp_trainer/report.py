@@ -26,7 +26,9 @@ def _measured(timings: Sequence[StepTiming], compiled: bool) -> tuple[Sequence[S
     return kept, sum(t.samples for t in kept) / seconds if seconds > 0 else 0.0
 
 
-def exit_summary(steps: int, timings: Sequence[StepTiming], *, compiled: bool = False) -> dict[str, float]:
+def exit_summary(
+    steps: int, timings: Sequence[StepTiming], *, compiled: bool = False, restarts: int = 0
+) -> dict[str, float]:
     """This rank's final numbers, for its termination message: the same means as the summary table.
 
     ``step`` is the run's final step (a resumed run counts from its checkpoint); ``samples`` are those
@@ -37,6 +39,8 @@ def exit_summary(steps: int, timings: Sequence[StepTiming], *, compiled: bool = 
         kept, per_rank = _measured(timings, compiled)
         out[exits.SUMMARY_STEP_SECONDS] = round(sum(t.step_seconds for t in kept) / len(kept), 6)
         out[exits.SUMMARY_SAMPLES_PER_SECOND] = round(per_rank, 3)
+    if restarts:
+        out[exits.SUMMARY_RESTARTS] = restarts
     return out
 
 
