@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from ddp_trainer import gang, supervisor
 from ddpjob_contract import exits
 from ddpjob_contract import metrics as names
 
-from .procs import TINY, explain, free_ports, processes, rank_env, trainer
+from .procs import TINY, clean_env, explain, free_ports, processes, rank_env, trainer
 
 # Rank 1 kills itself after step 4 and its checkpoint, once: a resumed process starts past step 4.
 CRASH = ("--checkpoint-interval", "2", "--crash-at-step", "4", "--crash-rank", "1", "--pg-timeout-seconds", "60")
@@ -206,3 +208,19 @@ def test_a_rank_whose_supervisor_is_gone_makes_its_peers_exit_as_their_children_
         done = procs.wait(rank0, timeout=120)
     assert done.returncode == exits.EXIT_RETRYABLE, done.stdout + done.stderr
     assert "restarting the gang in place" not in done.stderr, done.stderr
+
+
+def test_the_fork_server_imports_without_touching_cuda_so_each_child_can_start_it() -> None:
+    # CUDA cannot be initialized again in a forked child: the fork server must not start it (nor ask about it).
+    probe = f"""
+import torch, torch.cuda
+calls = []
+for name in ("_lazy_init", "is_available", "device_count", "init"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+for module in {list(supervisor.PRELOAD)!r}:
+    __import__(module)
+print(calls, torch.cuda.is_initialized())
+"""
+    done = subprocess.run([sys.executable, "-c", probe], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[] False", done.stdout + done.stderr
