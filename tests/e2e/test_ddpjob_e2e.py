@@ -226,7 +226,7 @@ def test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s(jobs: J
     jobs.wait_phase("hang", "Running", 180)
     victim = jobs.pod("hang-1")
     wait_for("training to start", lambda: _steps_done(victim) >= 3, 180, interval=1)
-    os.kill(jobs.pid(node, "hang-1"), signal.SIGSTOP)
+    os.kill(jobs.training_pid(node, "hang-1"), signal.SIGSTOP)  # the training process hangs, not its supervisor
     stopped_at = time.monotonic()
     wait_for("the gang restart", lambda: jobs.status("hang").get("restarts", 0) >= 1, timeout + 30, interval=1)
     assert time.monotonic() - stopped_at <= timeout + 30

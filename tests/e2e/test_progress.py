@@ -103,7 +103,7 @@ def test_a_sigstopped_rank_restarts_the_gang_with_reason_no_progress_before_the_
     jobs.wait_running("hang", 240)
     wait_for("training to start", lambda: jobs.status("hang").get("progress", {}).get("step", 0) >= 3, 120)
     victim = jobs.pod("hang-1")
-    os.kill(jobs.pid(node, "hang-1"), signal.SIGSTOP)
+    os.kill(jobs.training_pid(node, "hang-1"), signal.SIGSTOP)  # the training process hangs, not its supervisor
     stopped_at = time.monotonic()
 
     events = wait_for("a NoProgress restart", lambda: jobs.events("hang", "NoProgress"), PG_TIMEOUT, interval=1)
