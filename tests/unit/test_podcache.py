@@ -201,3 +201,22 @@ def test_the_cache_watches_the_namespaces_kopf_serves(namespaces: list[str], lis
     finally:
         cache.stop()
         source.stopped.set()
+
+
+def _unschedulable(p: dict[str, Any], message: str) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    return {**p, "status": {**p["status"], "conditions": [condition]}}
+
+
+def test_the_schedulers_words_stay_while_the_same_pod_is_unschedulable_and_only_the_gangs_count_follows() -> None:
+    index = PodIndex()
+    words = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    count = "minCount (2) cannot be satisfied: 0 scheduled, 1 remaining"
+    index.apply("MODIFIED", _unschedulable(pod("train-0", "u1"), words))
+    index.apply("MODIFIED", _unschedulable(pod("train-0", "u1"), count))  # before any reconcile read the words
+    assert pod_view(index.pods(("ns", "train"))[0], "trainer").unschedulable == words
+    other = "0/1 nodes are available: 1 node(s) had untolerated taint."
+    index.apply("MODIFIED", _unschedulable(pod("train-0", "u1"), other))  # new words replace the old
+    assert pod_view(index.pods(("ns", "train"))[0], "trainer").unschedulable == other
+    index.apply("MODIFIED", _unschedulable(pod("train-0", "u2"), count))  # a new pod of that name: its own words
+    assert pod_view(index.pods(("ns", "train"))[0], "trainer").unschedulable == count
