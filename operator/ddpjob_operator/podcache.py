@@ -25,6 +25,7 @@ from ddpjob_contract.pods import LABEL_JOB_NAME
 from ddpjob_operator.api import Key
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch
 from ddpjob_operator.policies import gang
+from ddpjob_operator.status import is_unschedulable, pod_condition
 
 log = logging.getLogger("ddpjob_operator")
 
@@ -75,21 +76,12 @@ def _keep_the_schedulers_words(known: Pod | None, fresh: Pod) -> Pod:
     """A gang's pods take turns carrying the scheduler's words ('0/1 nodes are available: 1 Insufficient
     nvidia.com/gpu'), and it may overwrite them with the gang's count ('minCount (2) cannot be satisfied') a moment
     later, before a reconcile reads the pod: while the same pod stays unschedulable, its words are kept."""
-    old, new = (_scheduled(p) for p in (known, fresh))
-    kept = _uid(known) == _uid(fresh) and _unschedulable(old) and _unschedulable(new)
+    old, new = (pod_condition((p or {}).get("status") or {}, "PodScheduled") for p in (known, fresh))
+    kept = _uid(known) == _uid(fresh) and is_unschedulable(old) and is_unschedulable(new)
     if not kept or gang.says_why(str(new.get("message") or "")) or not gang.says_why(str(old.get("message") or "")):
         return fresh
     conditions = [{**c, "message": old["message"]} if c is new else c for c in fresh["status"]["conditions"]]
     return {**fresh, "status": {**fresh["status"], "conditions": conditions}}
-
-
-def _scheduled(pod: Pod | None) -> Mapping[str, Any]:
-    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
-
-
-def _unschedulable(condition: Mapping[str, Any]) -> bool:
-    return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
 
 
 def _same(a: Pod | None, b: Pod) -> bool:

@@ -129,19 +129,25 @@ def _blocked(status: Mapping[str, Any]) -> str:
     return ""
 
 
-def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+def pod_condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    """A pod status's condition of ``type_`` ({} if it has none)."""
     return next((c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == type_), {})
 
 
+def is_unschedulable(scheduled: Mapping[str, Any]) -> bool:
+    """Whether a PodScheduled condition says the scheduler cannot place the pod."""
+    return scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+
+
 def _unschedulable(status: Mapping[str, Any]) -> str:
-    scheduled = _condition(status, "PodScheduled")
-    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+    scheduled = pod_condition(status, "PodScheduled")
+    if is_unschedulable(scheduled):
         return one_line(str(scheduled.get("message") or "")) or "no reason given"
     return ""
 
 
 def _disruption(status: Mapping[str, Any]) -> Disruption | None:
-    target = _condition(status, "DisruptionTarget")
+    target = pod_condition(status, "DisruptionTarget")
     if target.get("status") != "True":
         return None
     return Disruption(str(target.get("reason") or "DisruptionTarget"), one_line(str(target.get("message") or "")))
