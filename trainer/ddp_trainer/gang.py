@@ -116,22 +116,55 @@ class Server:
                 member.sendall(line)
 
 
-class Member:
+class _News:
+    """What a supervisor has heard of its gang, and the pipe that wakes it when it hears more (Member and Alone)."""
+
+    def __init__(self) -> None:
+        self._heard = 0
+        self._reasons: dict[int, str] = {}
+        self._stopped = ""
+        self._lock = threading.Lock()
+        self._read, self._write = os.pipe()
+
+    def heard(self) -> int:
+        with self._lock:
+            return self._heard
+
+    def why(self, restart: int) -> str:
+        with self._lock:
+            return self._reasons.get(restart, "")
+
+    def stopped(self) -> str:
+        with self._lock:
+            return self._stopped
+
+    def wakeup_fd(self) -> int:
+        return self._read
+
+    def _hear_restart(self, restart: int, why: str) -> None:
+        with self._lock:
+            self._heard = max(self._heard, restart)
+            self._reasons.setdefault(restart, why)
+        os.write(self._write, b"r")
+
+    def _hear_stop(self, why: str) -> None:
+        with self._lock:
+            self._stopped = self._stopped or why
+        os.write(self._write, b"r")
+
+
+class Member(_News):
     """One supervisor's connection to the gang: connects in the background (rank 0's supervisor may start later),
     and hears what the server says on a thread of its own."""
 
     def __init__(self, host: str, port: int, rank: int, connect_timeout: float) -> None:
+        super().__init__()
         self._address = (host, port)
         self._rank = rank
         self._timeout = connect_timeout
-        self._heard = 0
-        self._reasons: dict[int, str] = {}
-        self._stopped = ""
         self._connected = threading.Event()
         self._lost = threading.Event()
         self._socket: socket.socket | None = None
-        self._lock = threading.Lock()
-        self._read, self._write = os.pipe()
         threading.Thread(target=self._listen, name="ddp-trainer-gang", daemon=True).start()
 
     def announce(self, restart: int, why: str) -> bool:
@@ -148,21 +181,6 @@ class Member:
             return True
         except OSError:
             return False
-
-    def heard(self) -> int:
-        with self._lock:
-            return self._heard
-
-    def why(self, restart: int) -> str:
-        with self._lock:
-            return self._reasons.get(restart, "")
-
-    def stopped(self) -> str:
-        with self._lock:
-            return self._stopped
-
-    def wakeup_fd(self) -> int:
-        return self._read
 
     def _listen(self) -> None:
         deadline = time.monotonic() + self._timeout
@@ -182,48 +200,23 @@ class Member:
             for raw in lines:
                 word, _, rest = raw.decode(errors="replace").strip().partition(" ")
                 number, _, why = rest.partition(" ")
-                with self._lock:
-                    if word == "restart" and number.isdigit():
-                        self._heard = max(self._heard, int(number))
-                        self._reasons[int(number)] = why
-                    elif word == "stop":
-                        self._stopped = self._stopped or rest
-                os.write(self._write, b"r")
+                if word == "restart" and number.isdigit():
+                    self._hear_restart(int(number), why)
+                elif word == "stop":
+                    self._hear_stop(rest)
         self._lose("lost the connection to rank 0's supervisor")
 
     def _lose(self, why: str) -> None:
-        with self._lock:
-            self._stopped = self._stopped or why
         self._lost.set()
-        os.write(self._write, b"r")
+        self._hear_stop(why)
 
 
-class Alone:
+class Alone(_News):
     """A process launched alone (no MASTER_ADDR): its restarts concern itself only."""
 
-    def __init__(self) -> None:
-        self._heard = 0
-        self._reasons: dict[int, str] = {}
-        self._stopped = ""
-        self._read, self._write = os.pipe()
-
     def announce(self, restart: int, why: str) -> bool:
-        self._heard = max(self._heard, restart)
-        self._reasons.setdefault(restart, _clean(why))
-        os.write(self._write, b"r")
+        self._hear_restart(restart, _clean(why))
         return True
 
     def stop(self, why: str) -> None:
-        self._stopped = self._stopped or _clean(why)
-
-    def heard(self) -> int:
-        return self._heard
-
-    def why(self, restart: int) -> str:
-        return self._reasons.get(restart, "")
-
-    def stopped(self) -> str:
-        return self._stopped
-
-    def wakeup_fd(self) -> int:
-        return self._read
+        self._hear_stop(_clean(why))

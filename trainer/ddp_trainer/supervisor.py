@@ -40,7 +40,7 @@ from typing import Any
 from ddp_trainer import gang
 from ddp_trainer.launch import Launch
 from ddpjob_contract import exits
-from ddpjob_contract.pods import ENV_MAX_RESTARTS, ENV_RESTART_COUNT, ENV_RESTART_REASON
+from ddpjob_contract.pods import ENV_RESTART_COUNT, ENV_RESTART_REASON
 
 PRELOAD = ("ddp_trainer.train", "torch._dynamo")
 """What the fork server imports once, so that no child pays for it."""
@@ -82,15 +82,14 @@ def describe(rank: int, exitcode: int) -> str:
     return f"rank {rank}'s training process exited {exitcode} (a lost peer or a collective timeout)"
 
 
-def _child(argv: list[str], restart: int, why: str, max_restarts: int) -> None:
+def _child(argv: list[str], restart: int, why: str) -> None:
     """A training process: a process group of its own (so the supervisor can end it with its data loaders), ended
     with the fork server, then ``python -m ddp_trainer`` as without a supervisor."""
     os.setpgid(0, 0)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.environ[ENV_RESTART_COUNT] = str(restart)
-    os.environ[ENV_RESTART_REASON] = why
-    os.environ[ENV_MAX_RESTARTS] = str(max_restarts)
+    os.environ[ENV_RESTART_REASON] = why  # with the count: a child never supervises itself (``launch.under_agent``)
     from ddp_trainer import __main__ as cli
     from ddp_trainer import signals
 
@@ -164,9 +163,7 @@ class Supervisor:
 
     def _start(self, restart: int) -> Any:
         why = self._gang.why(restart)
-        child = self._context.Process(
-            target=_child, args=(self._argv, restart, why, self._max), name=f"train-{restart}"
-        )
+        child = self._context.Process(target=_child, args=(self._argv, restart, why), name=f"train-{restart}")
         child.start()
         self._passed = 0
         return child
