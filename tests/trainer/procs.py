@@ -135,6 +135,14 @@ def run_ranks(procs: Procs, command: Sequence[str], world: int = 2, **extra: str
     return done
 
 
+def read_until(p: subprocess.Popen[str], text: str) -> None:
+    """Read ``p``'s stdout up to the first line with ``text`` in it (a step the test waits for); fails if its
+    output ends first."""
+    assert p.stdout is not None
+    while text not in (line := p.stdout.readline()):
+        assert line, f"its output ended before a line with {text!r}"
+
+
 def explain(done: Sequence[Done]) -> str:
     return "\n".join(
         f"--- rank {i} rc={d.returncode}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}" for i, d in enumerate(done)

@@ -16,7 +16,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddpjob_contract import metrics as names
 from ddpjob_contract.exits import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_SIGTERM
 
-from .procs import TINY, TORCHRUN, clean_env, explain, free_ports, processes, rank_env, run_ranks, trainer
+from .procs import (
+    TINY,
+    TORCHRUN,
+    clean_env,
+    explain,
+    free_ports,
+    processes,
+    rank_env,
+    read_until,
+    run_ranks,
+    trainer,
+)
 
 
 @pytest.mark.parametrize(
@@ -249,9 +260,7 @@ def test_sigterm_to_one_rank_mid_run_stops_every_rank_at_one_step_with_its_check
     with processes() as procs:
         rank0 = procs.start(args, rank_env(0, 2, master, TERMINATION_MESSAGE_PATH=str(messages[0])))
         procs.start(args, rank_env(1, 2, master, TERMINATION_MESSAGE_PATH=str(messages[1])))
-        assert rank0.stdout is not None
-        while "step=5/" not in rank0.stdout.readline():
-            pass
+        read_until(rank0, "step=5/")
         rank0.terminate()
         done = procs.wait_all(timeout=60)
     assert [d.returncode for d in done] == [EXIT_SIGTERM, EXIT_SIGTERM], explain(done)
@@ -276,9 +285,7 @@ def test_a_resumed_run_carries_on_from_the_stop_step(tmp_path: Path) -> None:
     with processes() as procs:
         rank0 = procs.start(trainer(*common, "--steps", "100000"), rank_env(0, 2, master))
         procs.start(trainer(*common, "--steps", "100000"), rank_env(1, 2, master))
-        assert rank0.stdout is not None
-        while "step=3/" not in rank0.stdout.readline():
-            pass
+        read_until(rank0, "step=3/")
         for p in procs.procs:
             p.terminate()  # both, as a suspend deletes every pod
         stopped = procs.wait_all(timeout=60)

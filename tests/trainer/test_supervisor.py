@@ -19,7 +19,7 @@ from ddp_trainer import gang, supervisor
 from ddpjob_contract import exits
 from ddpjob_contract import metrics as names
 
-from .procs import TINY, clean_env, explain, free_ports, processes, rank_env, trainer
+from .procs import TINY, clean_env, explain, free_ports, processes, rank_env, read_until, trainer
 
 # Rank 1 kills itself after step 4 and its checkpoint, once: a resumed process starts past step 4.
 CRASH = ("--checkpoint-interval", "2", "--crash-at-step", "4", "--crash-rank", "1", "--pg-timeout-seconds", "60")
@@ -110,9 +110,7 @@ def test_sigterm_to_a_supervisor_stops_the_gang_at_one_step_with_its_checkpoint_
     with processes() as procs:
         rank0 = procs.start(args, rank_env(0, 2, ports))
         procs.start(args, rank_env(1, 2, ports))
-        assert rank0.stdout is not None
-        while "step=5/" not in rank0.stdout.readline():
-            pass
+        read_until(rank0, "step=5/")
         rank0.send_signal(signal.SIGTERM)
         done = procs.wait_all(timeout=60)
     assert [d.returncode for d in done] == [exits.EXIT_SIGTERM, exits.EXIT_SIGTERM], explain(done)
@@ -201,9 +199,7 @@ def test_a_rank_whose_supervisor_is_gone_makes_its_peers_exit_as_their_children_
     with processes() as procs:
         rank0 = procs.start(args, rank_env(0, 2, ports))
         rank1 = procs.start(args, rank_env(1, 2, ports))
-        assert rank0.stdout is not None
-        while "step=5/" not in rank0.stdout.readline():
-            pass
+        read_until(rank0, "step=5/")
         rank1.kill()  # the supervisor alone, as when its container's main process dies: its child goes with it
         done = procs.wait(rank0, timeout=120)
     assert done.returncode == exits.EXIT_RETRYABLE, done.stdout + done.stderr
