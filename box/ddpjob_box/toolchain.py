@@ -272,12 +272,17 @@ class Missing:
     package: str
 
 
+NO_DWARF = "-gcflags=all=-dwarf=false"
+"""The compiler writes no debug information, which every binary's ``-s -w`` strips at link time anyway: 14% less
+CPU for a cold build (kube-proxy's 1200 packages: 361 against 312 CPU-s, 2026-11-27), the same binaries."""
+
+
 def go_build_argv(go: str, missing: Sequence[Missing], staging: Path) -> list[str]:
     """One go build for binaries of one module. Each main package gets its own build's -ldflags (Go applies a
     ``pattern=`` flag to the packages it names); the tags are the union, as each is read only by the module
     that defines it (Prometheus's ``remove_all_sd``)."""
     tags = ",".join(dict.fromkeys(t for m in missing for t in m.build.tags.split(",") if t))
-    argv = [go, "build", "-v", "-trimpath", *(["-tags", tags] if tags else [])]
+    argv = [go, "build", "-v", "-trimpath", NO_DWARF, *(["-tags", tags] if tags else [])]
     argv += [f"-ldflags={m.package}={m.build.ldflags}" for m in missing]
     return [*argv, "-o", str(staging) + "/", *(m.package for m in missing)]
 

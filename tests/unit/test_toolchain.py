@@ -44,6 +44,8 @@ def test_the_box_binaries_are_one_go_build_each_with_its_own_link_flags_and_kueu
     for m in box:
         assert argv.count(f"-ldflags={m.package}={m.build.ldflags}") == 1
     assert argv[argv.index("-tags") + 1] == toolchain.prometheus_build().tags
+    # no debug information compiled, as every binary is linked stripped (-s -w)
+    assert toolchain.NO_DWARF in argv and all("-s -w" in m.build.ldflags for m in box)
     assert argv[-len(box) :] == [m.package for m in box]
     kube_apiserver = next(a for a in argv if a.startswith("-ldflags=k8s.io/kubernetes/cmd/kube-apiserver="))
     assert "-X k8s.io/component-base/version.gitVersion=v" in kube_apiserver and "helm.sh" not in kube_apiserver
