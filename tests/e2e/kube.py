@@ -118,6 +118,11 @@ class Jobs:
         found = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         return [e for e in found if e.reason == reason]
 
+    def wait_events(self, name: str, reason: str, timeout: float = 30) -> list[Any]:
+        """The job's Events of ``reason``, once there is one: the operator posts its Events off the reconcile, a
+        moment after the status that a test saw change."""
+        return wait_for(f"a {reason} Event for {name}", lambda: self.events(name, reason), timeout, interval=0.5)
+
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             status = self.status(name)

@@ -165,7 +165,7 @@ def test_a_killed_training_process_is_restarted_in_its_pods_processes_counting_o
     assert {r: p.metadata.uid for r, p in after.items()} == {r: p.metadata.uid for r, p in before.items()}
     assert all(p.metadata.labels["ddpjob.dev/attempt"] == "0" for p in after.values())
     assert all(s.restart_count == 0 for p in after.values() for s in p.status.container_statuses), "no kubelet restart"
-    said = [e.message for e in jobs.events("inproc", "RetryableFailure")]
+    said = [e.message for e in jobs.wait_events("inproc", "RetryableFailure")]
     assert len(said) == 1 and said[0].startswith(
         "rank 1's training process was killed by SIGKILL; the ranks' supervisors restarted the gang's processes in "
         "place (restart 1 of "

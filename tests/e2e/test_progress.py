@@ -81,7 +81,7 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
     # within the window: flagged once rank 1 has stayed slow for the window, at the next poll
     assert (_time(flagged["lastTransitionTime"]) - since).total_seconds() <= window + window / 4 + 1
     assert status["progress"]["slowestRank"] == 1
-    (event,) = jobs.events("straggle", "StragglerDetected")
+    (event,) = jobs.wait_events("straggle", "StragglerDetected")
     assert event.type == "Warning" and f"pod straggle-1 on node {node}" in event.message
 
     cleared = wait_for(
@@ -92,7 +92,7 @@ def test_a_slow_rank_is_flagged_within_the_window_and_cleared_after_the_slowdown
     )
     assert cleared["reason"] == "StragglerRecovered" and cleared["message"].startswith("rank 1 (pod straggle-1")
     assert jobs.status("straggle")["progress"]["step"] > 150
-    assert len(jobs.events("straggle", "StragglerRecovered")) == 1
+    assert len(jobs.wait_events("straggle", "StragglerRecovered")) == 1
 
 
 def test_a_sigstopped_rank_restarts_the_gang_with_reason_no_progress_before_the_collective_timeout(
