@@ -141,7 +141,7 @@ class Box:
             node = self.node or self.start_node(images=local_images.shipped_images(), slots=self.node_slots())
             started = time.monotonic()
             image = local_images.ensure_kueue()
-            if local_images.import_into_containerd(image, node.layout.containerd_socket):
+            if local_images.import_into_containerd(image, node.layout.containerd_socket, node.layout.containerd_root):
                 print(f"kueue: imported {image} into the node ({time.monotonic() - started:.0f}s)", flush=True)
             kueue = Kueue(kubeconfig=self.plane.kubeconfig, image=image, workdir=self.data_dir / "kueue")
             # Set before the install: a half-done install is still ours to report on.

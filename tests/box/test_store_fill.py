@@ -36,13 +36,19 @@ def test_a_node_on_a_filled_store_finds_its_images_and_a_running_nodes_store_is_
     finally:
         running.release(clean=True)
     assert filled == [stores / "1"]
+    layout_blobs = images.layout_dir() / "blobs" / "sha256"
+    layers = [d.split(":")[1] for d in images._manifest_blobs(images.layout_dir(), images.export_layout(pause))[2:]]
+    copied = [d for d in layers if not (layout_blobs / d).samefile(stores / "1" / images.CONTENT_BLOBS / d)]
+    assert layers and not copied, "the image's layers were copied into the store, not linked from the layout"
     assert [p.name for p in (stores / "0").iterdir()] == [], "the running node's store was written to"
     node = store.lease()  # the next node: slot 0 is free again, so take slot 1 as a second node would
     second = store.lease()
     try:
         assert second.path == stores / "1" and not second.dirty
         with store_fill.containerd_on(second.path, pause, tmp_path / "node") as socket:
-            assert images.import_into_containerd(pause, socket) is False, "the node had to import its image"
+            assert images.import_into_containerd(pause, socket, second.path) is False, (
+                "the node had to import its image"
+            )
     finally:
         second.release(clean=True)
         node.release(clean=True)
@@ -52,7 +58,7 @@ def test_a_store_a_killed_node_left_dirty_is_left_to_the_next_node(stores: Path,
     killed = store.lease()
     killed.lock.close()  # died holding it: the in-use mark stays
     imported: list[str] = []
-    filled = store_fill.fill(1, ["pause"], lambda name, socket: imported.append(name), tmp_path / "fill")
+    filled = store_fill.fill(1, ["pause"], lambda name, socket, root: imported.append(name), tmp_path / "fill")
     assert (filled, imported) == ([], [])
     again = store.lease()
     try:
@@ -66,13 +72,15 @@ def test_an_image_whose_unpack_was_stopped_is_unpacked_again(stores: Path, tmp_p
     lease = store.lease()
     try:
         with store_fill.containerd_on(lease.path, pause, tmp_path / "node") as socket:
-            images.import_into_containerd(pause, socket)
+            images.import_into_containerd(pause, socket, lease.path)
             top = images.top_snapshot(images.export_layout(pause))
             ctr = ["ctr", "--address", str(socket), "-n", CONTAINERD_NAMESPACE, "snapshots"]
             subprocess.run([*ctr, "rm", top], check=True)  # what an import stopped before its last layer leaves
-            assert images.import_into_containerd(pause, socket) is True, "the image's name alone was taken as imported"
+            assert images.import_into_containerd(pause, socket, lease.path) is True, (
+                "the image's name alone was taken as imported"
+            )
             listed = subprocess.run([*ctr, "ls"], check=True, capture_output=True, text=True).stdout
             assert top in listed, "the import did not unpack the image again"
-            assert images.import_into_containerd(pause, socket) is False
+            assert images.import_into_containerd(pause, socket, lease.path) is False
     finally:
         lease.release(clean=True)

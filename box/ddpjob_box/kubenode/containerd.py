@@ -13,8 +13,9 @@ from pathlib import Path
 from ddpjob_box.kubenode.configs import NodeLayout, containerd_toml
 from ddpjob_box.processes import Component, wait_until
 
-# Brings an image into the containerd listening on a socket (ddpjob_box.images.import_into_containerd).
-Importer = Callable[[str, Path], object]
+# Brings an image into the containerd listening on a socket, whose root directory is the third argument
+# (ddpjob_box.images.import_into_containerd).
+Importer = Callable[[str, Path, Path], object]
 
 
 def start_containerd(layout: NodeLayout, sandbox_image: str, log_path: Path) -> Component:

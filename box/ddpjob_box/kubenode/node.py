@@ -151,7 +151,7 @@ class KubeletNode:
             if self.lease.dirty:
                 self._purge_store()
             for image in dict.fromkeys([self.sandbox_image, *self.images]):
-                self.importer(image, self.layout.containerd_socket)
+                self.importer(image, self.layout.containerd_socket, self.layout.containerd_root)
             self._write_cni()
             self._start_kubelet(bins["kubelet"])
             if self.with_proxy:

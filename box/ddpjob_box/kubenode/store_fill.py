@@ -62,7 +62,7 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
             with containerd_on(lease.path, names[0], work / str(number)) as socket:
                 for name in names:
                     print(f"importing {name} into node store {lease.path.name}", flush=True)
-                    importer(name, socket)
+                    importer(name, socket, lease.path)
             filled.append(lease.path)
     return filled
 
