@@ -59,10 +59,12 @@ tools:
 	$(PREPARE) tools
 
 # The base, pause, operator and trainer images, built with buildah and cached by their inputs (see
-# box/ddpjob_box/images.py); CONTAINERD_SOCKET=/path/to.sock also imports them into that containerd.
+# box/ddpjob_box/images.py); CONTAINERD_SOCKET=/path/to.sock also imports them into that containerd, whose root
+# directory is CONTAINERD_ROOT (its layers are linked there).
 CONTAINERD_SOCKET ?=
+CONTAINERD_ROOT ?= /var/lib/containerd
 images: venv system-packages
-	$(PY) -m ddpjob_box.images $(if $(CONTAINERD_SOCKET),--containerd-socket $(CONTAINERD_SOCKET))
+	$(PY) -m ddpjob_box.images $(if $(CONTAINERD_SOCKET),--containerd-socket $(CONTAINERD_SOCKET) --containerd-root $(CONTAINERD_ROOT))
 
 lint: venv
 	$(VENV)/bin/ruff check .
