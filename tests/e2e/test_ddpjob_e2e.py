@@ -153,8 +153,9 @@ def test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_
         return [e.message or "" for e in jobs.core.list_namespaced_event(jobs.ns).items]
 
     def both_said() -> bool:  # the operator posts its Events off the reconcile: the failure's a moment after the status
-        oom = [m for m in said() if "OOMKilled" in m]
-        in_place = [m for m in said() if "its kubelet restarted it in place (the code is not kept)" in m]
+        messages = said()
+        oom = [m for m in messages if "OOMKilled" in m]
+        in_place = [m for m in messages if "its kubelet restarted it in place (the code is not kept)" in m]
         return len(oom) >= 2 or bool(oom and in_place)
 
     wait_for("one Event for the restart and one for the failure", both_said, 30, seen=said)
