@@ -322,17 +322,26 @@ def export_layout(name: str) -> str:
     return remembered.read_text().strip()
 
 
+LAYOUT_BLOBS = Path("blobs") / "sha256"
+"""Where an OCI layout keeps its blobs, one file per digest."""
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    """The layout's file of blob ``digest`` (``sha256:<hex>``)."""
+    return layout / LAYOUT_BLOBS / digest.split(":")[-1]
+
+
 def _exported(layout: Path, ident: str) -> str | None:
     """The manifest digest of image ``ident`` when the layout holds it already (remembered, and its manifest there)."""
     remembered = layout / "digests" / ident
-    if remembered.exists() and (layout / "blobs" / "sha256" / remembered.read_text().split(":")[-1]).exists():
+    if remembered.exists() and _blob(layout, remembered.read_text().strip()).exists():
         return remembered.read_text().strip()
     return None
 
 
 def _manifest_blobs(layout: Path, digest: str) -> list[str]:
     """The manifest's own digest, its config's and its layers', in that order."""
-    manifest = json.loads((layout / "blobs" / "sha256" / digest.split(":")[1]).read_text())
+    manifest = json.loads(_blob(layout, digest).read_text())
     return [digest, manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]
 
 
@@ -340,7 +349,7 @@ def _collect_garbage(layout: Path) -> None:
     """Delete the blobs no image in the layout's index still names (earlier builds' layers)."""
     index = json.loads((layout / "index.json").read_text())
     live = {blob for entry in index["manifests"] for blob in _manifest_blobs(layout, entry["digest"])}
-    for blob in (layout / "blobs" / "sha256").iterdir():
+    for blob in (layout / LAYOUT_BLOBS).iterdir():
         if f"sha256:{blob.name}" not in live:
             blob.unlink()
     for partial in layout.glob("oci-put-blob*"):  # left by a push that was killed
@@ -363,8 +372,9 @@ def import_into_containerd(name: str, socket: Path, root: Path, namespace: str =
         digest = export_layout(name)
         if containerd_digest(name, socket, namespace) == digest and _unpacked(digest, socket, namespace):
             return False
-        _link_layers(digest, root)
-        _import_missing(name, digest, socket, namespace)
+        layers = _manifest_blobs(layout_dir(), digest)[2:]
+        _link_layers(layers, root)
+        _import_missing(name, digest, layers, socket, namespace)
     return True
 
 
@@ -375,19 +385,18 @@ DEFAULT_CONTAINERD_ROOT = Path("/var/lib/containerd")
 """containerd's own default root, for ``make images CONTAINERD_SOCKET=...`` (``--containerd-root`` for another)."""
 
 
-def _link_layers(digest: str, root: Path) -> None:
-    """Hard-link the image's layer blobs from the layout into the content store of the containerd at ``root``.
+def _link_layers(layers: Sequence[str], root: Path) -> None:
+    """Hard-link an image's ``layers`` from the layout into the content store of the containerd at ``root``.
     ``_ingest`` then registers each with containerd without reading it: under its default content sharing policy
     (``shared``), containerd takes a blob its store already holds as written. Measured on the trainer (2026-11-27):
     an import into a new store took 78 s and 89 CPU-s streaming its 3.2 GB layer, 43 s and 45 CPU-s linked. Where
     a link cannot be made (another filesystem), the ingest copies the blob instead."""
-    layout = layout_dir()
     blobs = root / CONTENT_BLOBS
-    for blob in _manifest_blobs(layout, digest)[2:]:
-        target = blobs / blob.split(":")[1]
+    with contextlib.suppress(OSError):  # not writable: the ingest copies every layer
+        blobs.mkdir(parents=True, exist_ok=True)
+    for layer in layers:
         with contextlib.suppress(OSError):  # there already, or not linkable: the ingest copies it
-            blobs.mkdir(parents=True, exist_ok=True)
-            os.link(layout / "blobs" / "sha256" / blob.split(":")[1], target)
+            os.link(_blob(layout_dir(), layer), blobs / layer.split(":")[1])
 
 
 def top_snapshot(digest: str) -> str:
@@ -395,7 +404,7 @@ def top_snapshot(digest: str) -> str:
     of its layers' diff IDs."""
     layout = layout_dir()
     config_digest = _manifest_blobs(layout, digest)[1]
-    config = json.loads((layout / "blobs" / "sha256" / config_digest.split(":")[1]).read_text())
+    config = json.loads(_blob(layout, config_digest).read_text())
     diff_ids = config["rootfs"]["diff_ids"]
     chain = str(diff_ids[0])
     for diff_id in diff_ids[1:]:
@@ -424,9 +433,8 @@ def _layout_lock() -> Iterator[None]:
         yield
 
 
-def _import_missing(name: str, digest: str, socket: Path, namespace: str) -> None:
-    """Ingest the layers containerd lacks, then import the image's manifest and config, which name them."""
-    layers = _manifest_blobs(layout_dir(), digest)[2:]
+def _import_missing(name: str, digest: str, layers: Sequence[str], socket: Path, namespace: str) -> None:
+    """Ingest the ``layers`` containerd lacks, then import the image's manifest and config, which name them."""
     have = set(_ctr(socket, namespace, "content", "ls", "--quiet", what=f"listing content in {socket}").split())
     try:
         _ingest([layer for layer in layers if layer not in have], socket, namespace)
@@ -440,9 +448,8 @@ def _import_missing(name: str, digest: str, socket: Path, namespace: str) -> Non
 def _ingest(layers: Sequence[str], socket: Path, namespace: str) -> None:
     """``ctr content ingest`` each layer from the layout, its digest and size checked. A blob already in the
     content store (``_link_layers``) is taken as it is: containerd reports it complete, and nothing is read."""
-    layout = layout_dir()
     for layer in layers:
-        blob = layout / "blobs" / "sha256" / layer.split(":")[1]
+        blob = _blob(layout_dir(), layer)
         argv = [_tool("ctr", "containerd"), "--address", str(socket), "-n", namespace, "content", "ingest"]
         argv += ["--expected-size", str(blob.stat().st_size), "--expected-digest", layer, f"ddpjob-import-{layer}"]
         # a file, not a pipe: containerd answers a blob it holds with its full size, and ctr seeks there
@@ -460,7 +467,7 @@ def _stream_import(name: str, digest: str, socket: Path, namespace: str) -> None
     containerd holds (``_ingest``)."""
     layout = layout_dir()
     blobs = _manifest_blobs(layout, digest)
-    manifest_size = (layout / "blobs" / "sha256" / digest.split(":")[1]).stat().st_size
+    manifest_size = _blob(layout, digest).stat().st_size
     index = {
         "schemaVersion": 2,
         "manifests": [
@@ -486,7 +493,7 @@ def _stream_import(name: str, digest: str, socket: Path, namespace: str) -> None
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
                 for blob in blobs[:2]:
-                    tar.add(layout / "blobs" / "sha256" / blob.split(":")[1], f"blobs/sha256/{blob.split(':')[1]}")
+                    tar.add(_blob(layout, blob), str(_blob(Path(), blob)))
         except BrokenPipeError:
             pass
         finally:
