@@ -28,11 +28,15 @@ PREPARE := PYTHONPATH=box $(PYTHON) -m ddpjob_box.prepare
 setup:
 	$(PREPARE) setup
 
-venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+# The extras the venv holds: everything by default; make demo asks for the operator's alone (the box needs no torch
+# and no test tools on the host), which saves a cold machine torch's download, unpacking and bytecode: 13 CPU-s
+# against 56. Each set has its own stamp, so a later make test adds the rest.
+VENV_EXTRAS ?= operator,trainer,dev
+venv: $(VENV)/.installed-$(VENV_EXTRAS)
+$(VENV)/.installed-%: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[operator,trainer,dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[$*]'
 	@touch $@
 
 # Debian packages the box needs: iproute2, openssl, containerd, runc and the CNI plugins for the node, buildah,

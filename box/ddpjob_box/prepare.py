@@ -23,6 +23,9 @@ from ddpjob_box.step_report import encode_times, step_table
 STEP_TIMES_ENV = "DDPJOB_SETUP_STEP_TIMES"
 """Where the command run after the setup finds the setup's step times (the demo adds its own to them)."""
 PURPOSES = ("setup", "test", "demo", "tools")
+DEMO_EXTRAS = "operator"
+"""The venv's extras for the demo: it runs the box and the chart (its images hold the operator and the trainer), so
+the host needs neither torch nor the test tools; ``make test`` adds them (the Makefile's ``VENV_EXTRAS``)."""
 NODES_SIDE_BY_SIDE = {"setup": 2, "test": 2, "demo": 1}
 """The nodes each command runs at once (``make test``: one per box group, tests/workers.py), each on a node store
 of its own, which the setup fills with the images beside the Go builds (kubenode.store_fill)."""
@@ -30,7 +33,7 @@ of its own, which the setup fills with the images beside the Go builds (kubenode
 
 def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:
     """What each command needs, and in which order. ``setup`` builds what ``test`` and ``demo`` need; the
-    demo needs no Kueue; ``test`` also lints, once the virtualenv is there."""
+    demo needs no Kueue and no torch on the host; ``test`` also lints, once the virtualenv is there."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose {purpose!r}: choose one of {', '.join(PURPOSES)}")
     sub_make = [make, "--no-print-directory"]
@@ -42,7 +45,7 @@ def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:
     if purpose == "tools":
         return [go]
     steps = [
-        Step("venv", [*sub_make, "venv"]),
+        Step("venv", [*sub_make, "venv", *([f"VENV_EXTRAS={DEMO_EXTRAS}"] if purpose == "demo" else [])]),
         # apt-get killed half-way leaves dpkg to be repaired by hand: awaited, never stopped
         Step("Debian packages", [*sub_make, "system-packages"], stoppable=False),
         go,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_box.prepare import NODES_SIDE_BY_SIDE, split_command, steps_for
+from ddpjob_box.prepare import DEMO_EXTRAS, NODES_SIDE_BY_SIDE, split_command, steps_for
 from tests import workers
 
 
@@ -75,3 +75,28 @@ def test_every_python_step_imports_with_the_standard_library_alone() -> None:
             text=True,
         )
         assert proc.returncode == 0, f"{module}: {proc.stderr.strip().splitlines()[-1:]}"
+
+
+def test_the_demo_venv_holds_the_operator_extra_and_the_demo_imports_nothing_beyond_it() -> None:
+    """make demo installs the operator's extra alone on the host (no torch, no test tools): the demo and the box
+    it starts must import none of the trainer's or the test tools' packages."""
+
+    def venv(purpose: str) -> list[str]:
+        return list(next(s for s in steps_for(purpose, python="python3") if s.name == "venv").argv)
+
+    assert venv("demo")[-2:] == ["venv", f"VENV_EXTRAS={DEMO_EXTRAS}"]
+    assert DEMO_EXTRAS == "operator"
+    assert not any(a.startswith("VENV_EXTRAS") for a in venv("test") + venv("setup"))
+    refused = ["torch", "torchvision", "pytest", "_pytest", "xdist", "hypothesis", "mypy", "grafana_foundation_sdk"]
+    probe = (
+        "import sys\n"
+        "class Refuse:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {refused!r}:\n"
+        "            raise ImportError('not in the demo venv: ' + name)\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+        "import ddpjob_box.demo, ddpjob_box.box, ddpjob_box.provisioner, kubernetes.client, kubernetes.config\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr.strip().splitlines()[-1:]
