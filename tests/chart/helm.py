@@ -69,7 +69,7 @@ def wait_established(kubeconfig: Path, crd: str, timeout: float = 60) -> None:
 
 def promtool() -> str:
     """promtool of the same build as the box's Prometheus (tools/box)."""
-    return str(toolchain.ensure(toolchain.prometheus_build())["promtool"])
+    return str(toolchain.ensure(toolchain.promtool_build())["promtool"])
 
 
 def template(*args: str, release: str = "ddpjob", namespace: str = "ddpjob-system") -> list[dict[str, Any]]:

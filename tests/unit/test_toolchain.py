@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,34 @@ def test_everything_the_box_runs_is_built_from_one_module_so_shared_packages_com
     box = toolchain.builds_for("demo")
     assert {b.module_dir for b in box} == {toolchain.BOX_MODULE}
     assert toolchain.kueue_build().module_dir != toolchain.BOX_MODULE  # Kueue pins other Kubernetes libraries
+
+
+def test_the_demo_builds_only_what_it_runs() -> None:
+    def binaries(purpose: str) -> set[str]:
+        return {name for build in toolchain.builds_for(purpose) for name in build.packages}
+
+    assert binaries("test") - binaries("demo") == {"promtool", "kueue"}  # the alert tests' and the Kueue tests'
+    assert toolchain.promtool_build().bin_dir() == toolchain.prometheus_build().bin_dir()
+
+
+def test_the_standard_library_compiles_with_the_builds_own_flags_beside_it_and_stops_with_it(tmp_path: Path) -> None:
+    """Its cache entries are named by the flags: any other flag and the build would compile it again."""
+    missing = [
+        toolchain.Missing(build, name, package)
+        for build in toolchain.builds_for("demo")
+        for name, package in build.packages.items()
+    ]
+    flags = toolchain.compile_flags(missing)
+    assert toolchain.standard_library_argv("go", missing) == ["go", "build", *flags, "std"]
+    build = toolchain.go_build_argv("go", missing, tmp_path)
+    assert build[3 : 3 + len(flags)] == flags and "-tags" not in build[3 + len(flags) :]
+    pid_file = tmp_path / "pid"
+    sleeper = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]
+    with toolchain._standard_library_alongside(sleeper, cwd=tmp_path, env={}):
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            time.sleep(0.01)
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists(), "the standard library's build outlived the build"
 
 
 def test_a_changed_go_sum_moves_every_box_binary_and_only_those(
