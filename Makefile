@@ -40,7 +40,7 @@ $(VENV)/.installed-%: pyproject.toml
 	@touch $@
 
 # Debian packages the box needs: iproute2, openssl, containerd, runc and the CNI plugins for the node, buildah,
-# debootstrap and umoci for the images (no crun: it
+# debootstrap, umoci and skopeo (the export into the OCI layout, layers uncompressed) for the images (no crun: it
 # fails on hybrid cgroups).
 system-packages:
 	@missing=""; \
@@ -53,6 +53,7 @@ system-packages:
 	test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
 	test -x /usr/lib/cni/bridge || missing="$$missing containernetworking-plugins"; \
 	command -v umoci >/dev/null || missing="$$missing umoci"; \
+	command -v skopeo >/dev/null || missing="$$missing skopeo"; \
 	command -v iptables >/dev/null || test -x /usr/sbin/iptables || missing="$$missing iptables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

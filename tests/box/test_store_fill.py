@@ -1,8 +1,10 @@
 """The setup's fill of the node stores (kubenode.store_fill), with a real containerd: a node that then leases a
-filled store imports nothing, and a store a running node holds, or a killed node left dirty, is not touched."""
+filled store imports nothing, and a store a running node holds, or a killed node left dirty, is not touched. And the
+OCI layout the fill links from: plain tar layers, none written twice."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +31,8 @@ def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixt
 def test_a_node_on_a_filled_store_finds_its_images_and_a_running_nodes_store_is_left_alone(
     stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a layout of its own: another worker's export into the machine's layout writes its shared blobs anew (buildah
-    # pushes every layer again), and the store's links then name the old files, the same bytes
+    # a layout of its own: another worker's first export into the machine's layout may write the blobs this test
+    # checks the links of
     monkeypatch.setattr(images, "layout_dir", lambda: tmp_path / "layout")
     pause = images.ensure_pause(quiet=True)
     running = store.lease()  # slot 0: a node runs on it
@@ -87,3 +89,26 @@ def test_an_image_whose_unpack_was_stopped_is_unpacked_again(stores: Path, tmp_p
             assert images.import_into_containerd(pause, socket, lease.path) is False
     finally:
         lease.release(clean=True)
+
+
+def test_the_layout_holds_plain_tar_layers_and_an_export_again_writes_none_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain tar, so containerd unpacks without gunzipping; and a layer the layout holds is not written again, so
+    a source change re-exports the trainer's small top layer, not its dependencies."""
+    monkeypatch.setattr(images, "layout_dir", lambda: tmp_path / "layout")
+    pause = images.ensure_pause(quiet=True)
+    digest = images.export_layout(pause)
+    layout = images.layout_dir()
+    manifest = json.loads(images._blob(layout, digest).read_text())
+    assert {layer["mediaType"] for layer in manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar"}
+    blobs = [images._blob(layout, layer["digest"]) for layer in manifest["layers"]]
+    for blob in blobs:
+        with blob.open("rb") as data:
+            assert data.read(2) != b"\x1f\x8b", f"{blob.name} is gzip"
+    written = [blob.stat().st_ino for blob in blobs]
+    ident = images.image_id(pause)
+    assert ident is not None
+    (layout / "digests" / ident).unlink()  # forgotten: the export runs again
+    assert images.export_layout(pause) == digest
+    assert [blob.stat().st_ino for blob in blobs] == written, "the export wrote again a layer the layout held"
