@@ -670,9 +670,19 @@ def ensure_all(
     return names
 
 
+EARLIER_LAYOUTS = ("oci",)
+"""Layouts of earlier versions under the images cache (``oci``: buildah's gzip layers, 3.5 GB), which nothing reads."""
+
+
+def drop_earlier_layouts() -> None:
+    for name in EARLIER_LAYOUTS:
+        shutil.rmtree(images_dir() / name, ignore_errors=True)
+
+
 def export_all(names: Sequence[str]) -> None:
     """Write each image into the cache's OCI layout, where a node's import reads it: the trainer's 5.8 GB are then
     written while the Go builds run, not while the box starts."""
+    drop_earlier_layouts()
     for name in names:
         with _layout_lock():
             layout = layout_dir()
