@@ -81,8 +81,9 @@ def after_stepping(
 
     ``reached``: each rank's step (0 for one not heard from); ``total``: the trainer's --steps (None: bounded by
     epochs, or not known); ``quiet``: seconds since a rank last stepped; ``linger``: --metrics-linger-seconds;
-    ``exited``: every pod has exited. After the last step each rank serves its metrics ``linger`` seconds more,
-    then meets the others at a last barrier and exits, and only then does the operator mark the job Succeeded.
+    ``exited``: every pod has exited. After the last step each rank serves its metrics until Prometheus has read
+    the final values (at most ``linger`` seconds), then meets the others at a last barrier and exits, and only then
+    does the operator mark the job Succeeded.
     """
     if not reached or max(reached) <= 0:
         return None  # starting, or joining: no step yet
@@ -90,7 +91,9 @@ def after_stepping(
         done = f"step {total}/{total} done {quiet:.0f}s ago"
         if exited:
             return f"{done}; the ranks have exited: waiting for the operator to mark the job Succeeded"
-        lingering = f"metrics linger {linger:g}s, then a last barrier" if linger else "a last barrier"
+        lingering = "a last barrier"
+        if linger:
+            lingering = f"metrics served until Prometheus reads them, up to {linger:g}s; then {lingering}"
         return f"{done}: waiting for the ranks to exit ({lingering})"
     if not total and quiet >= QUIET_SECONDS:
         return f"no new step for {quiet:.0f}s: the ranks are finishing, or stalled"

@@ -59,6 +59,11 @@ INFO_LABELS = (
     "torch_version",
 )
 
+POLLER_USER_AGENT = "ddpjob-operator"
+"""The User-Agent of the operator's polls of a rank's /metrics. A rank's linger after its last step waits for its other
+readers (Prometheus) to read the final values, not for these: the operator reads the run's end from the rank's exit
+message (``ddpjob_contract.exits``)."""
+
 ALL = (
     STEP_SECONDS,
     PHASE_SECONDS,

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
+from ddpjob_contract.metrics import POLLER_USER_AGENT
 from ddpjob_operator import progress
 from ddpjob_operator.api import Key
 from ddpjob_operator.progress import Scrape, Target
@@ -170,7 +171,8 @@ class Poller:
     async def _http_get(self, url: str) -> str:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._concurrency, force_close=True)
-            self._session = aiohttp.ClientSession(connector=connector)
+            # named, so a rank's linger after its last step does not wait for the operator's next poll
+            self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": POLLER_USER_AGENT})
         async with self._session.get(url, allow_redirects=False) as response:
             if response.status != 200:
                 raise ScrapeError(f"HTTP {response.status} from {url}")

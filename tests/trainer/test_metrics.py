@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_trainer.metrics import Metrics, StepTiming
+from ddp_trainer.readers import Readers
 from ddpjob_contract import metrics as names
+from tests.trainer.procs import free_ports
 
 
 def families(m: Metrics) -> dict[str, list[tuple[str, dict[str, str], float]]]:
@@ -89,3 +96,59 @@ def test_an_untimed_step_is_counted_but_observes_no_time_and_no_loss() -> None:
     assert sample(m, f"{names.STEP_SECONDS}_count") == 0
     assert sample(m, f"{names.PHASE_SECONDS}_count", phase="forward") == 0
     assert sample(m, names.LOSS) == 0
+
+
+def _read(port: int, agent: str) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"User-Agent": agent})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return str(response.read().decode())
+
+
+@contextmanager
+def _scraping(port: int, agent: str) -> Iterator[None]:
+    """A reader that reads every 50 ms, as a Prometheus does every scrape interval."""
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(0.05):
+            _read(port, agent)
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_linger_ends_once_prometheus_has_read_the_final_values_and_does_not_wait_for_the_operators_poll() -> None:
+    m = Metrics()
+    port = free_ports(1)
+    m.serve(port)
+    assert names.STEPS_TOTAL in _read(port, "Prometheus/3.16.0")
+    _read(port, f"{names.POLLER_USER_AGENT}/0.1.0")  # the operator polled once, and will not again in time
+    with _scraping(port, "Prometheus/3.16.0"):
+        ended = m.linger(60)
+    assert (ended.came_back, ended.missing) == (1, 0), ended
+
+
+def test_a_reader_that_does_not_come_back_is_waited_for_no_longer_than_the_linger() -> None:
+    readers = Readers()
+    readers.read("10.0.0.7", "Prometheus/3.16.0")
+    readers.read("10.0.0.8", "Prometheus/3.16.0")  # a second replica
+    ended = readers.linger(0.2)
+    assert (ended.came_back, ended.missing) == (0, 2)
+    assert "2 reader(s) did not read the final values" in ended.line()
+
+
+def test_with_no_reader_yet_a_linger_waits_for_a_first_one() -> None:
+    """A short run may end before Prometheus has found its pod: the linger is its chance to read the run at all."""
+    readers = Readers()
+    reader = threading.Timer(0.3, readers.read, ("10.0.0.7", "Prometheus/3.16.0"))
+    reader.start()
+    ended = readers.linger(60)
+    reader.join()
+    assert (ended.came_back, ended.missing) == (1, 0), ended
+    nobody = Readers().linger(0.1)
+    assert (nobody.came_back, nobody.missing) == (0, 1)

@@ -9,7 +9,7 @@ import yaml
 
 from ddpjob_box.demo import MANIFEST, after_stepping, trainer_option
 
-LINGER = "metrics linger 10s, then a last barrier"
+LINGER = "metrics served until Prometheus reads them, up to 10s; then a last barrier"
 
 
 @pytest.mark.parametrize(

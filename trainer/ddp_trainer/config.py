@@ -254,7 +254,11 @@ class ObserveConfig(_Section):
         metadata=doc("Serve Prometheus /metrics on this port + LOCAL_RANK; 0: no server.", env=ENV_METRICS_PORT),
     )
     metrics_linger_seconds: float = field(
-        default=0.0, metadata=doc("Keep serving /metrics this long after training ends.")
+        default=0.0,
+        metadata=doc(
+            "After training ends, keep serving /metrics until every reader (a Prometheus) has read the final values "
+            "once more, at most this long."
+        ),
     )
     log_interval: int = field(default=10, metadata=doc("Every rank logs one line every this many steps."))
     step_timing: bool = field(

@@ -7,13 +7,19 @@ constants in ``ddpjob_contract.metrics`` (re-exported here).
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.process_collector import ProcessCollector
 
+from ddp_trainer.readers import Linger, Readers
 from ddpjob_contract.metrics import (
     ALL,
     CHECKPOINT_SAVE_SECONDS,
@@ -58,11 +64,19 @@ class StepTiming:
         return not math.isnan(self.step_seconds)
 
 
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape on the trainer's output."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class Metrics:
     """The trainer's metrics in a registry of their own (tests can hold several in one process)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.readers = Readers()
         ProcessCollector(registry=self.registry)
         self.step_seconds = Histogram(
             _base(STEP_SECONDS, ""),
@@ -111,8 +125,21 @@ class Metrics:
             self.phase_seconds.labels(phase)
 
     def serve(self, port: int) -> None:
-        """Serve /metrics on a daemon thread; it dies with the process."""
-        start_http_server(port, registry=self.registry)
+        """Serve /metrics on daemon threads, which die with the process; each request is counted in ``readers``."""
+        app = make_wsgi_app(self.registry)
+        readers = self.readers
+
+        def counted(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            readers.read(str(environ.get("REMOTE_ADDR", "")), str(environ.get("HTTP_USER_AGENT", "")))
+            served: Iterable[bytes] = app(environ, start_response)
+            return served
+
+        server = make_server("0.0.0.0", port, counted, ThreadingWSGIServer, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+    def linger(self, limit: float) -> Linger:
+        """After the last step: serve until the readers have read the final values, at most ``limit`` seconds."""
+        return self.readers.linger(limit)
 
     def record(self, timing: StepTiming) -> None:
         """Count the step; observe its times and loss when it was timed."""

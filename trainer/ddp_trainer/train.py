@@ -116,7 +116,7 @@ def run(cfg: Config, launch: Launch) -> Result:
     try:
         result = _train(cfg, d, metrics)
         if cfg.observe.metrics_linger_seconds and cfg.observe.metrics_port:
-            time.sleep(cfg.observe.metrics_linger_seconds)
+            log.info("%s", metrics.linger(cfg.observe.metrics_linger_seconds).line())
         d.finish()
         return result
     except BaseException:
