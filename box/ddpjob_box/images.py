@@ -369,17 +369,16 @@ def import_into_containerd(name: str, socket: Path, root: Path, namespace: str =
     own name.
 
     Only the blobs containerd lacks cross over: a one-line source change moves one small layer, not the
-    trainer's 5.8 GB of dependencies. Those it lacks are hard-linked from the layout into its content store first
-    (``_link_layers``), so they are written once on this disk. Returns False when containerd already held that
-    very image, unpacked.
+    trainer's 5.8 GB of dependencies. Each one it lacks is hard-linked from the layout into its content store just
+    before its ingest (``_link_layer``), so it is written once on this disk. Returns False when containerd already
+    held that very image, unpacked.
     """
     with _layout_lock():
         digest = export_layout(name)
         if containerd_digest(name, socket, namespace) == digest and _unpacked(digest, socket, namespace):
             return False
         layers = _manifest_blobs(layout_dir(), digest)[2:]
-        _link_layers(layers, root)
-        _import_missing(name, digest, layers, socket, namespace)
+        _import_missing(name, digest, layers, socket, namespace, root)
     return True
 
 
@@ -390,18 +389,29 @@ DEFAULT_CONTAINERD_ROOT = Path("/var/lib/containerd")
 """containerd's own default root, for ``make images CONTAINERD_SOCKET=...`` (``--containerd-root`` for another)."""
 
 
-def _link_layers(layers: Sequence[str], root: Path) -> None:
-    """Hard-link an image's ``layers`` from the layout into the content store of the containerd at ``root``.
-    ``_ingest`` then registers each with containerd without reading it: under its default content sharing policy
-    (``shared``), containerd takes a blob its store already holds as written. Measured on the trainer (2026-11-27):
-    an import into a new store took 78 s and 89 CPU-s streaming its 3.2 GB layer, 43 s and 45 CPU-s linked. Where
-    a link cannot be made (another filesystem), the ingest copies the blob instead."""
+def _link_layer(layer: str, root: Path) -> None:
+    """Hard-link ``layer`` from the layout into the content store of the containerd at ``root``. ``_ingest`` then
+    registers it with containerd without reading it: under its default content sharing policy (``shared``),
+    containerd takes a blob its store already holds as written. Measured on the trainer (2026-11-27): an import
+    into a new store took 78 s and 89 CPU-s streaming its 3.2 GB layer, 43 s and 45 CPU-s linked. Where a link
+    cannot be made (another filesystem), the ingest copies the blob instead."""
     blobs = root / CONTENT_BLOBS
-    with contextlib.suppress(OSError):  # not writable: the ingest copies every layer
+    with contextlib.suppress(OSError):  # there already, or not linkable (not writable, another filesystem)
         blobs.mkdir(parents=True, exist_ok=True)
-    for layer in layers:
-        with contextlib.suppress(OSError):  # there already, or not linkable: the ingest copies it
-            os.link(_blob(layout_dir(), layer), blobs / layer.split(":")[1])
+        os.link(_blob(layout_dir(), layer), blobs / layer.split(":")[1])
+
+
+def _collect_garbage_now(socket: Path, namespace: str) -> None:
+    """Have containerd collect its garbage now, and wait for it (a lease deleted with ``--sync``).
+
+    A collection deletes every blob of its content store that no image or lease names, and so a layer linked in
+    but not yet ingested. containerd collects once shortly after it starts (its scheduler's ``startup_delay``), and
+    that pass, landing in the middle of a new store's first import, made the ingests copy their layers: a cold
+    ``make demo`` (2026-11-27, 36f82bc) filled its store in 84 s with every layer copied, against 36 s linked. A
+    collection run here takes the place of that one, before anything is linked."""
+    lease = f"ddpjob-collect-{os.getpid()}"
+    _ctr(socket, namespace, "leases", "create", "--id", lease, what=f"creating lease {lease}")
+    _ctr(socket, namespace, "leases", "delete", "--sync", lease, what=f"collecting garbage in {socket}")
 
 
 def top_snapshot(digest: str) -> str:
@@ -438,22 +448,28 @@ def _layout_lock() -> Iterator[None]:
         yield
 
 
-def _import_missing(name: str, digest: str, layers: Sequence[str], socket: Path, namespace: str) -> None:
+def _import_missing(name: str, digest: str, layers: Sequence[str], socket: Path, namespace: str, root: Path) -> None:
     """Ingest the ``layers`` containerd lacks, then import the image's manifest and config, which name them."""
     have = set(_ctr(socket, namespace, "content", "ls", "--quiet", what=f"listing content in {socket}").split())
+    missing = [layer for layer in layers if layer not in have]
+    if missing:
+        _collect_garbage_now(socket, namespace)
     try:
-        _ingest([layer for layer in layers if layer not in have], socket, namespace)
+        _ingest(missing, socket, namespace, root)
         _stream_import(name, digest, socket, namespace)
     except BoxError:
         # containerd may have collected a blob between the listing and the import: ingest them all
-        _ingest(layers, socket, namespace)
+        _ingest(layers, socket, namespace, root)
         _stream_import(name, digest, socket, namespace)
 
 
-def _ingest(layers: Sequence[str], socket: Path, namespace: str) -> None:
-    """``ctr content ingest`` each layer from the layout, its digest and size checked. A blob already in the
-    content store (``_link_layers``) is taken as it is: containerd reports it complete, and nothing is read."""
+def _ingest(layers: Sequence[str], socket: Path, namespace: str, root: Path) -> None:
+    """Link each layer into the content store of the containerd at ``root`` (``_link_layer``), then ``ctr content
+    ingest`` it from the layout, its digest and size checked: containerd takes the linked blob as it is, reports it
+    complete, and reads nothing. One layer at a time, so that no collection can come between a link and its ingest
+    but the one a previous ``ctr`` set off as it exited."""
     for layer in layers:
+        _link_layer(layer, root)
         blob = _blob(layout_dir(), layer)
         argv = [_tool("ctr", "containerd"), "--address", str(socket), "-n", namespace, "content", "ingest"]
         argv += ["--expected-size", str(blob.stat().st_size), "--expected-digest", layer, f"ddpjob-import-{layer}"]
