@@ -11,14 +11,13 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ddpjob_box.kubenode.node import KubeletNode
+from ddpjob_box.kubenode.node import KubeletNode, _children
 
 T = TypeVar("T")
 
@@ -182,8 +181,7 @@ class Jobs:
         main = node.container_pid(container)
 
         def children() -> str:
-            tasks = Path(f"/proc/{main}/task").glob("*/children")
-            return f"the supervisor {main}'s children: {' '.join(t.read_text().strip() for t in tasks) or 'none'}"
+            return f"the supervisor {main}'s children: {sorted(_children(main)) or 'none'}"
 
         return wait_for(
             f"{pod}'s training process under its supervisor",
