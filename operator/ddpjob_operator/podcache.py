@@ -162,8 +162,16 @@ class PodIndex:
         return key if changed else None
 
     def created(self, pod: Pod) -> None:
-        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
-        self.apply("ADDED", pod)
+        """Our POST's answer: the pod exists, whatever the watch has delivered so far. The answer is the pod's first
+        version, so anything the watch has delivered of the same pod (same uid) is as new or newer and is kept: a
+        kubelet or a scheduler that wrote to the pod before this thread got the answer is not undone."""
+        key = job_key(pod)
+        if key is None:
+            return
+        with self._lock:
+            pods = self._jobs.setdefault(key, {})
+            if _uid(pods.get(pod["metadata"]["name"])) != pod["metadata"].get("uid"):
+                pods[pod["metadata"]["name"]] = slim(pod)
 
     def replace(self, namespace: str, pods: Iterable[Pod]) -> set[Key]:
         """A LIST of ``namespace`` ("": all): it replaces what was there; returns every job it touched."""

@@ -52,6 +52,15 @@ def test_the_late_deletion_of_an_older_pod_does_not_remove_the_newer_pod_of_the_
     assert names(index) == [("train-0", "new")]
 
 
+def test_our_posts_answer_does_not_undo_what_the_watch_delivered_of_the_same_pod_before_it() -> None:
+    """CI saw it: a pod set Running right after its create reached the cache by the watch first; the POST's answer,
+    taken in after, put it back to Pending, and the job stayed Pending with both pods Running."""
+    index = PodIndex()
+    index.apply("MODIFIED", pod("train-0", "a", phase="Running"))
+    index.created(pod("train-0", "a"))
+    assert [p["status"]["phase"] for p in index.pods(("ns", "train"))] == ["Running"]
+
+
 def stopped_pod(name: str, uid: str, message: str, code: int = 143) -> dict[str, Any]:
     body = pod(name, uid, phase="Failed")
     terminated = {"exitCode": code, "message": message, "finishedAt": "2026-01-01T00:00:09Z"}
