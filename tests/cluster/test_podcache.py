@@ -91,3 +91,23 @@ def test_a_watch_the_apiserver_ends_is_resumed_without_losing_a_change(
         time.sleep(1.0)  # across several watches
         raw.post(path, pod(f"b-{i}", "b"))
     eventually(lambda: names(cache, namespace, "b") == {f"b-{i}" for i in range(4)}, "every pod, across watches")
+
+
+def test_a_change_the_watch_delivered_before_our_create_was_answered_is_kept(
+    raw: Raw, namespace: str, api_client: Any, cache: PodCache
+) -> None:
+    """CI saw it: a pod's status changed (Running; the scheduler's Unschedulable) before the operator's thread took
+    in its POST's answer, the answer put the pod back as created, and nothing changed the pod again to mend it."""
+    eventually(lambda: cache.synced, "the first list")
+    body = pod("c-0", "c")
+    body["metadata"]["namespace"] = namespace
+    answer = Kube(api_client).create_pod(body)  # the operator's own POST
+    assert answer is not None
+    raw.set_pod(namespace, "c-0", "Running", trainer=None)
+
+    def phase() -> list[str]:
+        return [p["status"].get("phase", "") for p in cache.index.pods((namespace, "c"))]
+
+    eventually(lambda: phase() == ["Running"], "the watch to deliver the Running pod")
+    cache.created(answer)  # our thread, late
+    assert phase() == ["Running"]
