@@ -162,16 +162,20 @@ class PodIndex:
         return key if changed else None
 
     def created(self, pod: Pod) -> None:
-        """Our POST's answer: the pod exists, whatever the watch has delivered so far. The answer is the pod's first
-        version, so anything the watch has delivered of the same pod (same uid) is as new or newer and is kept: a
-        kubelet or a scheduler that wrote to the pod before this thread got the answer is not undone."""
+        """The answer to our own write of the pod (its create, or the patch that adopts it into an attempt): taken in
+        at once, so that the next reconcile, woken before the watch delivers it, does not write it again. Unless the
+        watch has already delivered a newer version of the same pod (same uid): a kubelet or a scheduler that wrote
+        to the pod before this thread took in its answer is not undone. A create's answer is the pod's first
+        version; for the rest, resourceVersions are compared (``newer``)."""
         key = job_key(pod)
         if key is None:
             return
+        name = pod["metadata"]["name"]
         with self._lock:
             pods = self._jobs.setdefault(key, {})
-            if _uid(pods.get(pod["metadata"]["name"])) != pod["metadata"].get("uid"):
-                pods[pod["metadata"]["name"]] = slim(pod)
+            known = pods.get(name)
+            if _uid(known) != pod["metadata"].get("uid") or newer(pod, known):
+                pods[name] = slim(pod)
 
     def replace(self, namespace: str, pods: Iterable[Pod]) -> set[Key]:
         """A LIST of ``namespace`` ("": all): it replaces what was there; returns every job it touched."""
@@ -186,6 +190,16 @@ class PodIndex:
                 del self._jobs[k]
             self._jobs.update(fresh)
         return stale | set(fresh)
+
+
+def newer(pod: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether ``pod`` is a later version than ``than`` of the same object, by their resourceVersions: decimal
+    integers that grow with each write, comparable between versions of one object since Kubernetes 1.35 (KEP-5504,
+    ``resourceversion.CompareResourceVersion``). False where either is missing or not such an integer."""
+    versions = [str(((p or {}).get("metadata") or {}).get("resourceVersion") or "") for p in (pod, than)]
+    if not all(v.isdigit() and not v.startswith("0") for v in versions):
+        return False
+    return (len(versions[0]), versions[0]) > (len(versions[1]), versions[1])
 
 
 def _uid(pod: Pod | None) -> str | None:

@@ -18,6 +18,7 @@ from ddpjob_contract.pods import (
     LABEL_RANK,
     MANAGED_BY,
 )
+from ddpjob_operator import podcache
 from ddpjob_operator.podcache import PodCache, PodIndex, slim
 from ddpjob_operator.status import pod_view
 
@@ -59,6 +60,29 @@ def test_our_posts_answer_does_not_undo_what_the_watch_delivered_of_the_same_pod
     index.apply("MODIFIED", pod("train-0", "a", phase="Running"))
     index.created(pod("train-0", "a"))
     assert [p["status"]["phase"] for p in index.pods(("ns", "train"))] == ["Running"]
+
+
+def versioned(phase: str, version: str, attempt: str = "0") -> dict[str, Any]:
+    body = pod("train-0", "a", phase=phase)
+    body["metadata"]["resourceVersion"] = version
+    body["metadata"]["labels"][LABEL_ATTEMPT] = attempt
+    return body
+
+
+def test_the_answer_to_our_adopting_patch_is_taken_unless_the_watch_already_holds_a_newer_version() -> None:
+    index = PodIndex()
+    index.apply("MODIFIED", versioned("Running", "97"))
+    index.created(versioned("Running", "102", attempt="1"))  # the patch that adopts it into attempt 1
+    assert [p["metadata"]["labels"][LABEL_ATTEMPT] for p in index.pods(("ns", "train"))] == ["1"]
+    index.apply("MODIFIED", versioned("Failed", "110", attempt="1"))  # delivered before a later answer of ours
+    index.created(versioned("Running", "104", attempt="1"))
+    assert [p["status"]["phase"] for p in index.pods(("ns", "train"))] == ["Failed"]
+
+
+@pytest.mark.parametrize(("a", "b", "newer"), [("10", "9", True), ("9", "10", False), ("10", "10", False),
+                                              ("", "9", False), ("09", "8", False), ("x1", "1", False)])  # fmt: skip
+def test_resource_versions_compare_as_integers_and_only_when_well_formed(a: str, b: str, newer: bool) -> None:
+    assert podcache.newer({"metadata": {"resourceVersion": a}}, {"metadata": {"resourceVersion": b}}) is newer
 
 
 def stopped_pod(name: str, uid: str, message: str, code: int = 143) -> dict[str, Any]:
