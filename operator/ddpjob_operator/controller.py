@@ -89,7 +89,7 @@ class Pods(Protocol):
         ...
 
     def created(self, pod: dict[str, Any]) -> None:
-        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
+        """The answer to our own write of a pod (its create, its adoption): taken in unless the watch holds newer."""
         ...
 
     def stopped(self, key: Key) -> list[dict[str, Any]]:

@@ -5,8 +5,9 @@ keeps it current; a watch the apiserver ends is resumed from the last version se
 that expired (410 Gone) or failed is replaced by a fresh LIST. So the cache lags the apiserver
 but never misses a change for long, deletions during a gap included.
 
-It never leads, but for one thing: a pod the operator has just created is added from the POST's
-answer, so the next reconcile, woken before the watch delivers the pod, does not create it again.
+It never leads, but for one thing: the answer to the operator's own write of a pod (its create, the patch that
+adopts it) is taken in at once, so the next reconcile, woken before the watch delivers it, does not write it again;
+never over a newer version the watch has already delivered (``PodIndex.created``).
 The controller reads the apiserver itself before it deletes anything (see ``controller``).
 
 The watch asks for the operator's label only (``managed-by``), per watched namespace, or across
@@ -241,7 +242,7 @@ class PodCache(ListWatch):
         return self.index.pods(key) if self.synced else None
 
     def created(self, pod: Pod) -> None:
-        """Our POST's answer: the pod exists, whatever the watch has delivered so far."""
+        """The answer to our own write of the pod (``PodIndex.created``)."""
         self.index.created(pod)
 
     def stopped(self, key: Key) -> list[Pod]:
