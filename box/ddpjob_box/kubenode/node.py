@@ -431,9 +431,9 @@ class KubeletNode:
         ident = container_id.split("://")[-1]
         pids = hoststate.CGROUP_ROOT / "pids" / self.cgroup_root.lstrip("/")
         for path in pids.glob(f"kubepods*/**/{ident}"):
-            procs = _cgroup_pids(path)
-            if procs:
-                return min(procs)
+            first = first_process({pid: _status(pid) for pid in _cgroup_pids(path)})
+            if first is not None:
+                return first
         raise BoxError(f"no process of container {ident} under {pids}: is it running?")
 
     def training_pid(self, container_id: str) -> int:
@@ -572,6 +572,25 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def first_process(statuses: Mapping[int, str]) -> int | None:
+    """Of a container's processes (host PID: its ``/proc/<pid>/status``), the first: PID 1 of its own PID namespace,
+    the innermost of the ``NSpid`` line's PIDs. Not the lowest host PID: host PIDs wrap (at 32768 on this machine
+    kind, within an hour of tests), and a process the container started later may then have the lower one. None
+    when no process there is the first of a namespace of its own (it exited, or the container shares the host's)."""
+    for pid, status in statuses.items():
+        nspids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspids) > 1 and nspids[-1] == "1":
+            return pid
+    return None
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
 
 
 def _cgroup_pids(path: Path) -> set[int]:
