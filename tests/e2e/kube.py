@@ -168,8 +168,9 @@ class Jobs:
 
     def training_pid(self, node: KubeletNode, pod: str) -> int:
         """The host PID of a pod's training process: the child of the trainer's supervisor, where there is one
-        (``MAX_RESTARTS`` above 0). Waited for: one run (2026-11-27, the loop at cce1339) found the supervisor
-        without its training child once, and a fault meant for the training process then went to the supervisor."""
+        (``MAX_RESTARTS`` above 0). Waited for, as the supervisor starts it a moment after the container starts. (The
+        loop's two runs that found "the supervisor" without a child had taken a process for it by its lowest host PID,
+        after PIDs wrapped: ``node.first_process`` mends that, 54c9a1d.)"""
         found = self.pod(pod)
         statuses = found.status.container_statuses or []
         running = [s.container_id for s in statuses if s.name == "trainer" and s.state.running and s.container_id]
