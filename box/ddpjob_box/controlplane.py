@@ -9,6 +9,7 @@ a static pod; each such restart is said on stderr and kept in ``restarted``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -71,12 +72,13 @@ def sweep_killed_boxes(root: Path, prefixes: tuple[str, ...] = TEMP_PREFIXES) ->
     session, which no ``finally`` sees): their nodes' host state and their directories. A box still
     running, or one not yet holding its lock, is left alone. Returns the directories removed."""
     swept = []
-    for lock in sorted(root.glob(f"*/*/{LOCK_FILE}")):
+    for lock in _box_locks(root, prefixes):
         temp = lock.parent.parent
-        if not temp.name.startswith(prefixes):
-            continue
-        pid, alive = _lock_owner(lock)
-        if alive:
+        try:
+            pid, alive = _lock_owner(lock)
+        except FileNotFoundError:
+            continue  # its box stopped since the listing
+        if alive or pid < 0:  # running, or a lock not written whole (claim_data_dir writes it in one rename)
             continue
         try:
             _undo(lock.parent)
@@ -88,6 +90,18 @@ def sweep_killed_boxes(root: Path, prefixes: tuple[str, ...] = TEMP_PREFIXES) ->
         print(f"box: removed what a killed box (pid {pid}) left: {temp} and its node's host state", file=sys.stderr)
         swept.append(temp)
     return swept
+
+
+def _box_locks(root: Path, prefixes: tuple[str, ...]) -> list[Path]:
+    """The locks of the boxes in the temporary directories under ``root``. Not ``Path.glob``: it raises when a
+    directory it walks is removed meanwhile, and other boxes on the host remove theirs at any time."""
+    locks = []
+    with contextlib.suppress(OSError):
+        for temp in sorted(root.iterdir()):
+            if temp.name.startswith(prefixes):
+                with contextlib.suppress(OSError):  # removed meanwhile, or not a directory
+                    locks += [child / LOCK_FILE for child in sorted(temp.iterdir()) if (child / LOCK_FILE).exists()]
+    return locks
 
 
 def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
@@ -113,7 +127,10 @@ def claim_data_dir(data_dir: Path, *, reset: bool) -> None:
     if data_dir.exists():
         _undo(data_dir)
     data_dir.mkdir(parents=True)
-    lock.write_text(lock_line(os.getpid()))
+    # Whole or absent: another box's sweep that read it half-written would take this box for a killed one.
+    partial = data_dir / f".{LOCK_FILE}.{os.getpid()}"
+    partial.write_text(lock_line(os.getpid()))
+    partial.replace(lock)
 
 
 @dataclass

@@ -133,6 +133,38 @@ def test_the_temp_dir_of_a_box_killed_outright_is_swept_and_no_other(tmp_path: P
         live.wait()
 
 
+def test_a_sweep_beside_boxes_that_start_and_stop_neither_fails_nor_removes_a_live_one(tmp_path: Path) -> None:
+    """Every box sweeps at its start, while other boxes claim their data directories and remove them (make
+    test's workers, the chaos soak). A lock that vanished after the sweep listed it, or was read between its
+    creation and its first write, must be left to its owner."""
+    stop = threading.Event()
+    lost: list[str] = []
+
+    def boxes_coming_and_going() -> None:
+        number = 0
+        while not stop.is_set():
+            number += 1
+            data_dir = tmp_path / f"ddpjob-box-{number}" / "box"
+            data_dir.parent.mkdir()
+            claim_data_dir(data_dir, reset=False)
+            try:  # what a box's stop and its TemporaryDirectory do
+                (data_dir / LOCK_FILE).unlink()
+                shutil.rmtree(data_dir.parent)
+            except FileNotFoundError as err:
+                lost.append(f"box {number} was swept while it ran: {err}")
+
+    churn = threading.Thread(target=boxes_coming_and_going)
+    churn.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not lost:
+            assert sweep_killed_boxes(tmp_path) == []
+    finally:
+        stop.set()
+        churn.join()
+    assert lost == []
+
+
 def test_a_data_dir_in_use_by_a_live_box_is_refused_and_that_box_is_left_alone(tmp_path: Path) -> None:
     data_dir = tmp_path / "box"
     data_dir.mkdir()
