@@ -252,13 +252,24 @@ def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
     assert proc.stdout is not None
     # The first node a fresh machine starts imports the images into its containerd store (minutes, once).
     deadline = time.monotonic() + COLD_NODE_SECONDS
+    seen: list[str] = []
     for line in proc.stdout:
         if line.startswith("export KUBECONFIG="):
             assert line.strip() == f"export KUBECONFIG={data_dir / 'kubeconfig'}"
             OUTPUT[proc.pid] = Output(proc)
             return proc
-        assert time.monotonic() < deadline, "cluster up did not become ready"
-    pytest.fail(f"cluster up exited with {proc.wait()} before printing the KUBECONFIG line")
+        seen.append(line)
+        assert time.monotonic() < deadline, "cluster up did not become ready; its output:\n" + "".join(seen)
+    pytest.fail(f"cluster up exited with {proc.wait()} before printing the KUBECONFIG line; its output:\n"
+                + "".join(seen)[-12000:] + _log_tails(data_dir))  # fmt: skip
+
+
+def _log_tails(data_dir: Path, lines: int = 30) -> str:
+    """The last lines of every log the box wrote under ``data_dir``: what a failed start left to read."""
+    return "".join(
+        f"\n--- {log.relative_to(data_dir)}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted(data_dir.glob("*/*.log"))
+    )
 
 
 def _wait_gone(data_dir: Path, timeout: float) -> list[int]:
