@@ -430,10 +430,14 @@ class KubeletNode:
         ignores SIGKILL and SIGSTOP from its own namespace."""
         ident = container_id.split("://")[-1]
         pids = hoststate.CGROUP_ROOT / "pids" / self.cgroup_root.lstrip("/")
-        for path in pids.glob(f"kubepods*/**/{ident}"):
-            first = first_process({pid: _status(pid) for pid in _cgroup_pids(path)})
-            if first is not None:
-                return first
+        # os.walk, not Path.glob("**"): other pods' cgroups go while it walks, and glob raises on those.
+        for top, dirs, _ in os.walk(pids):
+            if top == str(pids):
+                dirs[:] = [d for d in dirs if d.startswith("kubepods")]
+            if ident in dirs:
+                first = first_process({pid: _status(pid) for pid in _cgroup_pids(Path(top) / ident)})
+                if first is not None:
+                    return first
         raise BoxError(f"no process of container {ident} under {pids}: is it running?")
 
     def training_pid(self, container_id: str) -> int:
