@@ -235,6 +235,10 @@ def machine_cpu_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+MACHINE = "machine (all processes)"
+"""CpuMeter's name for the whole machine's CPU."""
+
+
 class CpuMeter:
     """CPU seconds used by each named process, and by the whole machine, between two readings."""
 
@@ -243,7 +247,7 @@ class CpuMeter:
         self._start = self._read()
 
     def _read(self) -> dict[str, float]:
-        out = {"machine (all processes)": machine_cpu_seconds()}
+        out = {MACHINE: machine_cpu_seconds()}
         for name, pid in self.pids.items():
             try:
                 out[name] = cpu_seconds(pid)

@@ -198,3 +198,18 @@ def test_the_peer_benchmarks_profile_puts_each_stack_in_its_first_area_and_count
                            "the watches, pods and DDPJobs (read, decode, slim, wake)": 25.0, "other": 25.0}  # fmt: skip
     assert dict(across) == {"HTTP requests (client, TLS, headers), in all areas": 50.0,
                             "JSON decoding, in all areas": 25.0}  # fmt: skip
+
+
+def test_the_peer_benchmark_splits_the_machines_cpu_per_job_by_process_and_keeps_the_rest() -> None:
+    from bench import peer_operator
+    from bench.operator_scale import MACHINE
+
+    runs = [
+        {"done": 100, "cpu_s": {MACHINE: 8.0, "kube-apiserver": 3.0, "operator": 1.0}},
+        {"done": 200, "cpu_s": {MACHINE: 20.0, "kube-apiserver": 8.0, "operator": 2.0}},
+        {"done": 100, "cpu_s": {MACHINE: 9.0, "kube-apiserver": 3.5, "operator": 1.2}},
+    ]
+    split = peer_operator.cpu_by_process(runs)
+    assert list(split) == ["kube-apiserver", "operator", "the rest of the machine"]
+    assert split["kube-apiserver"] == 35.0 and split["operator"] == 10.0  # ms per job, medians of 30/40/35, 10/10/12
+    assert split["the rest of the machine"] == pytest.approx(43.0)  # medians of 40, 50, 43
