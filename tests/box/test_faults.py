@@ -20,7 +20,7 @@ from ddpjob_box import images, toolchain
 from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir, lock_line, sweep_killed_boxes
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import RECORD
-from ddpjob_box.processes import exited
+from ddpjob_box.processes import exited, tail
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -267,8 +267,7 @@ def _start_cluster_up(data_dir: Path) -> subprocess.Popen[str]:
 def _log_tails(data_dir: Path, lines: int = 30) -> str:
     """The last lines of every log the box wrote under ``data_dir``: what a failed start left to read."""
     return "".join(
-        f"\n--- {log.relative_to(data_dir)}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-        for log in sorted(data_dir.glob("*/*.log"))
+        f"\n--- {log.relative_to(data_dir)}:\n{tail(log, lines)}" for log in sorted(data_dir.glob("*/*.log"))
     )
 
 
