@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from bench import apiserver, operator_scale
+from bench import apiserver, go_profile, operator_scale
 from bench.apiserver import Api, ApiError
 from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
 from bench.operator_scale import MACHINE, CpuMeter, Operator, PodWatch, Profiler, create_jobs, summarize_jobs
@@ -243,6 +243,8 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
         before = apiserver.request_durations(client.raw("GET", "/metrics").decode())
         since = time.time()
         profiler = Profiler(op.pid, profile, idle=False) if profile else None
+        pprof = (go_profile.CpuProfile(lambda path: client.raw("GET", path), args.out, f"{NAME}.{tag}.apiserver")
+                 if args.apiserver_profile else None)  # fmt: skip
         names = [f"j{i:05d}" for i in range(args.jobs)]
         wall = time.perf_counter()
         errors = create_jobs(client, watch, ns, names, REPLICAS, 0, args.creators, body=peer.body, path=peer.path(ns))
@@ -251,6 +253,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
         time.sleep(args.settle)  # the writes that trail the last pod (status, Events) belong to the load too
         if profiler:
             profiler.stop()
+        slices = pprof.stop() if pprof else []
         cpu = meter.used()
         rss = _peak_rss_mb(op.pid)
         reconciled = op.reconciles().minus(reconciles).count if isinstance(op, Operator) and reconciles else None
@@ -277,6 +280,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
         "machine_cpu_ms_per_job": 1000 * cpu[MACHINE] / max(1, figures["done"]),
         "operator_peak_rss_mb": rss,
         "reconciles_per_job": None if reconciled is None else reconciled / max(1, figures["done"]),
+        "apiserver_profile": [str(p) for p in slices],
         "operator_requests": {f"{v} {r}": n for (v, r), n in sorted(requests.items())},
         "all_requests": {f"{v} {r}": n for (v, r), n in sorted(everyone.items())},
     }
@@ -403,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after the warm-up and after the load")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on jobs not done this long after")
     parser.add_argument("--profile", action="store_true", help="one more DDPJob run, under py-spy (--gil)")
+    parser.add_argument("--apiserver-profile", action="store_true",
+                        help="the apiserver's CPU profile (pprof) in each load; its top in the report")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON, markdown and logs")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -438,10 +444,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     markdown = report(runs, ours.name, theirs.name, args) if runs.get(ours.name) and runs.get(theirs.name) else ""
     if profile is not None:
         markdown += "\n\n" + profile_report(profile)
+    if args.apiserver_profile:
+        markdown += "\n\n" + apiserver_profile_report(runs)
     data = {"name": NAME, "machine": machine(), "settings": vars(args) | {"out": str(args.out)}, "runs": runs}
     write_results(NAME, data, markdown, args.out)
     print(markdown)
     return {"name": NAME, "markdown": markdown, "targets": []}
+
+
+def apiserver_profile_report(runs: Mapping[str, list[dict[str, Any]]]) -> str:
+    """Per operator, the apiserver's profile over the loads of all its runs, merged: its top functions."""
+    parts = []
+    for name, its_runs in runs.items():
+        slices = [Path(p) for run in its_runs for p in run.get("apiserver_profile", [])]
+        if slices:
+            jobs = sum(run["done"] for run in its_runs)
+            parts.append(f"### The apiserver under {name} ({jobs} jobs, {len(slices)} slices of "
+                         f"{go_profile.SLICE_S} s)\n\n```\n{go_profile.top(slices)}\n"
+                         f"{go_profile.top(slices, cumulative=True)}```")  # fmt: skip
+    return "\n\n".join(parts)
 
 
 AREAS: list[tuple[str, tuple[str, ...]]] = [

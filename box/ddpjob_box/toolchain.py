@@ -194,7 +194,7 @@ def go_module_dir(module_dir: str, module: str, version: str) -> Path:
     """A module's source, downloaded by the Go toolchain into its cache (from tools/<module_dir>, whose go.sum
     pins it)."""
     proc = subprocess.run(
-        [_go(), "mod", "download", "-json", f"{module}@{version}"],
+        [go_command(), "mod", "download", "-json", f"{module}@{version}"],
         cwd=TOOLS_DIR / module_dir,
         capture_output=True,
         text=True,
@@ -206,7 +206,8 @@ def go_module_dir(module_dir: str, module: str, version: str) -> Path:
     return Path(match.group(1))
 
 
-def _go() -> str:
+def go_command() -> str:
+    """The ``go`` on PATH, if it is new enough to build what the box needs."""
     go = shutil.which("go")
     if go is None:
         need = "%d.%d" % MIN_GO  # noqa: UP031
@@ -322,7 +323,7 @@ def _standard_library_alongside(argv: list[str], *, cwd: Path, env: dict[str, st
 
 
 def _build(module_dir: str, missing: Sequence[Missing], *, quiet: bool, echo: Callable[[str], None]) -> None:
-    go = _go()
+    go = go_command()
     (cache_dir() / "bin").mkdir(parents=True, exist_ok=True)
     keys = list(dict.fromkeys(m.build.key for m in missing))
     names = ", ".join(m.name for m in missing)

@@ -213,3 +213,28 @@ def test_the_peer_benchmark_splits_the_machines_cpu_per_job_by_process_and_keeps
     assert list(split) == ["kube-apiserver", "operator", "the rest of the machine"]
     assert split["kube-apiserver"] == 35.0 and split["operator"] == 10.0  # ms per job, medians of 30/40/35, 10/10/12
     assert split["the rest of the machine"] == pytest.approx(43.0)  # medians of 40, 50, 43
+
+
+def test_a_go_cpu_profile_is_taken_in_slices_until_stopped_and_each_slice_is_kept(tmp_path) -> None:
+    import threading
+    import time
+
+    from bench import go_profile
+
+    asked: list[str] = []
+    second = threading.Event()
+
+    def fetch(path: str) -> bytes:
+        asked.append(path)
+        if len(asked) == 2:
+            second.set()
+        time.sleep(0.01)  # the real one takes SLICE_S seconds
+        return f"slice {len(asked)}".encode()
+
+    profile = go_profile.CpuProfile(fetch, tmp_path, "apiserver")
+    assert second.wait(10)
+    paths = profile.stop()
+    assert len(paths) >= 2 and paths == sorted(tmp_path.glob("apiserver.*.pprof"))
+    assert [p.read_text() for p in paths[:2]] == ["slice 1", "slice 2"]
+    assert set(asked) == {f"/debug/pprof/profile?seconds={go_profile.SLICE_S}"}
+    assert profile.stop() == paths, "stopped: no slice after"
