@@ -2,7 +2,9 @@
 
 The order is what makes a crash harmless: the status (attempt, restarts) is written first and
 with the resourceVersion we read, then pods are deleted, then created if absent. Replaying any
-prefix of this sequence converges to the same end state.
+prefix of this sequence converges to the same end state. A new job's first pods are the one
+exception: they go out before its first status, whose one write then says the job is Pending and
+launched (a crash in between leaves no status to honour, and the next plan finds the pods).
 
 The pods come from the watch-fed pod cache (a LIST until it has synced). It may lag: creating a
 pod it does not show yet is harmless (create-if-absent), but a plan that would end an attempt,
@@ -138,6 +140,10 @@ class Bodies:
             if self._bodies.get(key) is seen:
                 self._bodies[key] = written
 
+    def read(self, key: Key, body: dict[str, Any]) -> None:
+        """A body just read with a GET: kept unless the watch delivered one meanwhile."""
+        self.wrote(key, None, body)
+
     def drop(self, key: Key) -> None:
         with self._lock:
             self._bodies.pop(key, None)
@@ -196,6 +202,8 @@ class Controller:
         """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
         self._workloads: dict[Key, str] = {}
         """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
+        self._launching: set[Key] = set()
+        """New jobs whose first pods went out before their first status write (``_launches_unwritten``)."""
         self._terminating: dict[str, datetime] = {}
         """Namespaces being deleted, and since when: their jobs made before that are left alone.
         A job made later is in a namespace of the same name made anew, which clears the entry."""
@@ -224,6 +232,12 @@ class Controller:
         job, the_plan = self._plan(key, body, old, now)
         if _ends_something(old, the_plan) and self._namespace_deleted(key, now, refused=False):
             return None  # its pods went with the namespace: not a failure, and nothing is to be made there
+        if self._launches_unwritten(key, old, the_plan):
+            self._launching.add(key)
+            if cached is None:
+                self.bodies.read(key, body)
+            return None if job is None else self._execute(key, body, job, the_plan, now)
+        self._launching.discard(key)
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
@@ -241,6 +255,15 @@ class Controller:
             self._events.submit(_post_events, self._api, body, the_plan.status.attempt, the_plan.events, now)
         self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
         return None if job is None else self._execute(key, body, job, the_plan, now)
+
+    def _launches_unwritten(self, key: Key, old: JobStatus, the_plan: Plan) -> bool:
+        """Whether this is a new job's first try at its first pods: they go out before its first status write, and
+        that write, in the reconcile their creation starts at once, says both that the job is Pending and that its
+        attempt launched. One status write per new job, not two, and no Event before it (the next plan makes the
+        same Created Event). Only once: a retry, or a create that failed, writes first, so the status says why."""
+        tried = key in self._launching or key in self._failed_creates or key in self._refused
+        first = old.phase is Phase.NEW and the_plan.status.phase is Phase.PENDING
+        return first and bool(the_plan.create_ranks) and not tried
 
     def _in_terminating_namespace(self, key: Key, body: Mapping[str, Any]) -> bool:
         since = self._terminating.get(key[0])
@@ -289,6 +312,7 @@ class Controller:
         self.bodies.drop(key)
         self._refused.pop(key, None)
         self._failed_creates.pop(key, None)
+        self._launching.discard(key)
         self._progress.track(key, 0, (), 0.0)
         self._pods.forget(key)
 

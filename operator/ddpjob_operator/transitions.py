@@ -172,6 +172,7 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
                        f"(world size {transition.world_size}), master {transition.master}")  # fmt: skip
             status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
             status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
+            status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
             if transition.placement is not None:
                 status = status.with_condition(ConditionType.GANG_SCHEDULING, *transition.placement, now)
             return status, (Event(Reason.CREATED, message),)

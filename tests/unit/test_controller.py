@@ -169,29 +169,43 @@ def controller(
                       pod_groups=pod_groups)  # fmt: skip
 
 
-def test_a_new_job_from_the_watch_is_written_then_its_service_and_pods_are_created_without_a_get(
+def test_a_new_jobs_service_and_pods_are_made_first_then_one_status_write_says_it_launched(
     creates: Executor,
 ) -> None:
     kube = FakeKube(replicas=4)
-    ctl = controller(kube, creates)
+    ctl = controller(kube, creates, FakeCache([]))
     bodies = ctl.bodies
     bodies.put(KEY, kube.job)
-    assert ctl.reconcile(KEY) is not None
-    assert kube.calls[:2] == ["LIST pods", "PUT status"] and "GET job" not in kube.calls
+    assert ctl.reconcile(KEY) == 0.0, "look again at once: the pods just made are in the cache"
+    assert "PUT status" not in kube.calls and "POST Event" not in kube.calls and "GET job" not in kube.calls
     pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
     assert kube.calls.index("POST Service") < min(pods), "the Service first: a crash never leaves pods without it"
     assert kube.calls.count("POST Pod") == 4 and kube.calls.count("POST Service") == 1
     assert "create" in kube.threads, "pods are created on the create pool"
+    kube.calls.clear()
+
+    ctl.reconcile(KEY)
+    assert kube.calls == ["PUT status", "POST Event"], "one write says it all, then the Created Event"
+    status = kube.job["status"]
+    assert (status["phase"], status["launchedAttempt"], status["replicas"]["active"]) == ("Pending", 0, 4)
+    reasons = {c["type"]: c["reason"] for c in status["conditions"]}
+    assert reasons["Created"] == "Created" and reasons["Running"] == "PodsPending"
+    assert kube.posted[-1]["reason"] == "Created"
     assert bodies.get(KEY) is kube.job, "the status write's answer is the newest body"
+    kube.calls.clear()
+
+    ctl.reconcile(KEY)
+    assert kube.calls == [], "nothing left to write or make"
 
 
 def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods(
     creates: Executor,
 ) -> None:
     kube = FakeKube(replicas=3)
-    ctl = controller(kube, creates, pod_groups=True)
+    ctl = controller(kube, creates, FakeCache([]), pod_groups=True)
     ctl.bodies.put(KEY, kube.job)
     ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the status, once the pods exist
     pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
     group = kube.calls.index("POST PodGroup")
     assert group < min(pods), "the gang first: a pod naming an absent PodGroup would wait for it"
@@ -220,9 +234,10 @@ def test_a_later_attempts_podgroup_comes_before_its_pods_and_the_older_attempts_
 
 def test_where_podgroups_are_not_served_auto_places_pods_one_by_one_and_says_so(creates: Executor) -> None:
     kube = FakeKube(replicas=2)
-    ctl = controller(kube, creates, pod_groups=False)
+    ctl = controller(kube, creates, FakeCache([]), pod_groups=False)
     ctl.bodies.put(KEY, kube.job)
     ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the status, once the pods exist
     assert "POST PodGroup" not in kube.calls and kube.calls.count("POST Pod") == 2
     (gang,) = [c for c in kube.job["status"]["conditions"] if c["type"] == "GangScheduling"]
     assert gang["status"] == "False" and gang["reason"] == "PodGroupNotServed" and "one by one" in gang["message"]
@@ -246,7 +261,8 @@ def test_a_cached_body_that_would_act_without_writing_the_status_is_read_again_f
     ctl = controller(kube, creates)
     bodies = ctl.bodies
     bodies.put(KEY, kube.job)
-    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the pods, before any status
+    ctl.reconcile(KEY)  # the status, and (the list shows none) the pods again
     kube.calls.clear()
 
     assert ctl.reconcile(KEY) == 0.0
@@ -344,7 +360,7 @@ def test_a_pod_refused_as_invalid_fails_the_job_in_the_next_plan_with_one_status
     kube = RefusesPods(replicas=2, status=422)
     ctl = controller(kube, creates)
     assert ctl.reconcile(KEY) == 0.0, "look again at once"
-    assert kube.calls.count("PUT status") == 1 and kube.calls.count("GET job") == 1, "no second GET nor write"
+    assert "PUT status" not in kube.calls and kube.calls.count("GET job") == 1, "the first status is the failure"
     kube.calls.clear()
     assert ctl.reconcile(KEY) is None
     failed = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Failed")
@@ -361,7 +377,11 @@ def test_a_pod_refused_for_another_reason_is_reported_and_retried(creates: Execu
     ctl = controller(kube, creates)
     with pytest.raises(KubeError):
         ctl.reconcile(KEY)
-    assert kube.events[-1] == "PodCreateFailed" and kube.job["status"]["phase"] == "Pending"
+    assert kube.events[-1] == "PodCreateFailed"
+    with pytest.raises(KubeError):
+        ctl.reconcile(KEY)  # the work queue's retry writes the status first
+    running = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Running")
+    assert kube.job["status"]["phase"] == "Pending" and running["reason"] == "PodCreateFailed"
 
 
 def test_a_pod_creation_failing_otherwise_is_said_in_status_until_the_pods_exist(creates: Executor) -> None:
