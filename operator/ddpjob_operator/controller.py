@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
@@ -383,12 +384,8 @@ class Controller:
             if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
                 self._api.create(builders.workload(job, self._priority(job)))
             job = as_admitted(job, the_plan.status)  # the ranks Kueue admitted: the gang, its PodGroup, WORLD_SIZE
-            if the_plan.create_service:
-                self._api.create(builders.service(job))
-            if the_plan.create_pod_group:
-                self._api.create(builders.pod_group(job, attempt))
-                if attempt > 0:  # attempts only grow: before the first restart, no older PodGroup can exist
-                    self._api.delete_pod_groups(job.namespace, job.name, keep_attempt=attempt)
+            self._create_before_pods(job, attempt, service=the_plan.create_service,
+                                     pod_group=the_plan.create_pod_group)  # fmt: skip
         except NamespaceTerminating:
             self._namespace_deleted(key, now, refused=True)
             return None
@@ -431,6 +428,20 @@ class Controller:
             return False
         return self._api.restarts_in_place(job.namespace)
 
+    def _create_before_pods(self, job: Job, attempt: int, *, service: bool, pod_group: bool) -> None:
+        """The attempt's Service and PodGroup, side by side: both exist before any pod, so a crash never leaves
+        pods without their DNS name or their gang."""
+
+        def create_pod_group() -> None:
+            self._api.create(builders.pod_group(job, attempt))
+            if attempt > 0:  # attempts only grow: before the first restart, no older PodGroup can exist
+                self._api.delete_pod_groups(job.namespace, job.name, keep_attempt=attempt)
+
+        def create_service() -> None:
+            self._api.create(builders.service(job))
+
+        _all(self._creates, [*([create_service] if service else []), *([create_pod_group] if pod_group else [])])
+
     def _create_pods(
         self,
         job: Job,
@@ -458,16 +469,22 @@ class Controller:
             faults.point("pod-created")
 
         for start in range(0, len(ranks), CREATE_PARALLELISM):
-            wave: list[Future[None]] = [
-                self._creates.submit(create, r) for r in ranks[start : start + CREATE_PARALLELISM]
-            ]
-            # Not concurrent.futures.wait: a future that the operator's stop cancels in the queue
-            # (shutdown(cancel_futures=True)) never wakes wait(), and this thread then blocks the
-            # interpreter's exit forever. exception() wakes on the cancel (it raises CancelledError).
-            for future in wave:
-                future.exception()
-            for future in wave:
-                future.result()
+            _all(self._creates, [partial(create, r) for r in ranks[start : start + CREATE_PARALLELISM]])
+
+
+def _all(pool: Executor, calls: Sequence[Callable[[], None]]) -> None:
+    """Run the calls on the pool side by side and wait for all of them; raises the first one's error, in order."""
+    if len(calls) == 1:
+        calls[0]()  # no hop to the pool for one call
+        return
+    futures: list[Future[None]] = [pool.submit(call) for call in calls]
+    # Not concurrent.futures.wait: a future that the operator's stop cancels in the queue
+    # (shutdown(cancel_futures=True)) never wakes wait(), and this thread then blocks the
+    # interpreter's exit forever. exception() wakes on the cancel (it raises CancelledError).
+    for future in futures:
+        future.exception()
+    for future in futures:
+        future.result()
 
 
 def _measured_stop(status: JobStatus) -> tuple[float | None, float | None]:

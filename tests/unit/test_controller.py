@@ -219,6 +219,22 @@ def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods(
     assert gang["status"] == "True" and gang["reason"] == "PodGroup"
 
 
+def test_the_service_and_the_podgroup_are_made_side_by_side_and_both_before_any_pod(creates: Executor) -> None:
+    meet = threading.Barrier(2, timeout=10)
+
+    class Meets(FakeKube):
+        def create(self, obj: Mapping[str, Any]) -> bool:
+            if obj["kind"] in ("Service", "PodGroup"):
+                meet.wait()  # each waits for the other: made one after the other, they never meet
+            return super().create(obj)
+
+    kube = Meets(replicas=2)
+    ctl = controller(kube, creates, FakeCache([]), pod_groups=True)
+    ctl.reconcile(KEY)
+    pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
+    assert len(pods) == 2 and max(kube.calls.index("POST Service"), kube.calls.index("POST PodGroup")) < min(pods)
+
+
 def test_a_later_attempts_podgroup_comes_before_its_pods_and_the_older_attempts_podgroups_go(
     creates: Executor,
 ) -> None:
