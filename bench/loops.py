@@ -94,7 +94,8 @@ class SyncCounter:
         self._reads = _HostReads(self._saw)
 
     def start(self) -> None:
-        self._counting = True
+        """Counting begins once the mode is on: a warning the switch itself raises is not the loop's (on an H200,
+        torch 2.11 raised one per run, attributed to the line of ``set_sync_debug_mode``)."""
         if self.on_gpu:
             self._previous = warnings.showwarning
             warnings.simplefilter("always")
@@ -102,6 +103,7 @@ class SyncCounter:
             torch.cuda.set_sync_debug_mode("warn")
         else:
             self._reads.__enter__()  # type: ignore[no-untyped-call]
+        self._counting = True
 
     def stop(self) -> None:
         self._counting = False

@@ -9,7 +9,9 @@ counter must not see: ``Window`` starts it after the one and stops it before the
 from __future__ import annotations
 
 import linecache
+import warnings
 
+import pytest
 import torch
 
 from bench.common import Window
@@ -54,3 +56,20 @@ def test_a_loop_with_one_item_in_the_window_counts_one_sync_at_its_line() -> Non
 
 def test_reads_before_the_window_opens_or_after_it_closes_are_not_counted() -> None:
     assert run({1, WARMUP, WARMUP + MEASURE + 1}).count == 0
+
+
+def test_a_warning_the_mode_switch_itself_raises_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an H200 (torch 2.11) each run counted one sync at the line of ``set_sync_debug_mode``: the switch's own."""
+
+    def switch(mode: str) -> None:
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", switch)
+    counter = SyncCounter(torch.device("cpu"))
+    counter.on_gpu = True  # what a GPU run does, with the switch stood in for
+    counter.start()
+    warnings.warn("called a synchronizing CUDA operation", stacklevel=1)  # the loop's sync
+    counter.stop()
+    ((site, n),) = counter.where.items()
+    path, line = site.rsplit(":", 1)
+    assert (path, n) == (__file__, 1) and "the loop's sync" in linecache.getline(path, int(line)), site
