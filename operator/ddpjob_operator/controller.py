@@ -257,6 +257,11 @@ class Controller:
         self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
         return None if job is None else self._execute(key, body, job, the_plan, now)
 
+    def reports_only(self, key: Key) -> bool:
+        """Whether the job's next reconcile is to write the first status of the pods its last one made
+        (``_launches_unwritten``): a report, which may wait while other jobs' pods are to be made."""
+        return key in self._launching
+
     def _launches_unwritten(self, key: Key, old: JobStatus, the_plan: Plan) -> bool:
         """Whether this is a new job's first try at its first pods: they go out before its first status write, and
         that write, in the reconcile their creation starts at once, says both that the job is Pending and that its

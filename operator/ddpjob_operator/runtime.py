@@ -24,6 +24,7 @@ from ddpjob_operator.controller import Controller
 from ddpjob_operator.inbox import Inbox
 from ddpjob_operator.jobwatch import JobWatch
 from ddpjob_operator.kube import Kube
+from ddpjob_operator.launches_first import LaunchesFirst
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
@@ -32,6 +33,8 @@ log = logging.getLogger("ddpjob_operator")
 
 WORKLOAD_SWEEP_SECONDS = 30.0
 """How often Kueue Workloads being deleted without their job are looked for."""
+REPORT_MAX_WAIT_SECONDS = 10.0
+"""The longest a new job's first status waits while other jobs' pods are to be made (``LaunchesFirst``)."""
 
 
 class NotServed(Exception):
@@ -70,7 +73,7 @@ class Runtime:
             raise
         log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
         # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
-        self._reconciles = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
+        self._reconciles = LaunchesFirst(workers, max_wait=REPORT_MAX_WAIT_SECONDS, thread_name_prefix="reconcile")
         creates = ThreadPoolExecutor(2 * workers, thread_name_prefix="create")
         events = ThreadPoolExecutor(max(2, workers // 4), thread_name_prefix="event")
         self._pools = (self._reconciles, creates, events)
@@ -141,7 +144,9 @@ class Runtime:
 
     async def _reconcile(self, key: Key) -> float | None:
         try:
-            return await self._loop.run_in_executor(self._reconciles, self.controller.reconcile, key)
+            reports = self.controller.reports_only(key)
+            submit = self._reconciles.submit_report if reports else self._reconciles.submit
+            return await asyncio.wrap_future(submit(self.controller.reconcile, key))
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise  # the work queue logs it and retries with backoff

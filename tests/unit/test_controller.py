@@ -184,7 +184,9 @@ def test_a_new_jobs_service_and_pods_are_made_first_then_one_status_write_says_i
     assert "create" in kube.threads, "pods are created on the create pool"
     kube.calls.clear()
 
+    assert ctl.reports_only(KEY), "what is left is a report: it may wait while other jobs' pods are made"
     ctl.reconcile(KEY)
+    assert not ctl.reports_only(KEY)
     assert kube.calls == ["PUT status", "POST Event"], "one write says it all, then the Created Event"
     status = kube.job["status"]
     assert (status["phase"], status["launchedAttempt"], status["replicas"]["active"]) == ("Pending", 0, 4)
