@@ -129,11 +129,11 @@ class Bodies:
     def put(self, key: Key, body: dict[str, Any]) -> bool:
         """From the watch: the newest by definition. False when it is the echo of the body we hold
         (our own status write coming back): the reconcile that wrote it has already acted on it."""
-        version = (body.get("metadata") or {}).get("resourceVersion")
+        version = _version(body)
         with self._lock:
             held = self._bodies.get(key)
             self._bodies[key] = body
-        return version is None or held is None or (held.get("metadata") or {}).get("resourceVersion") != version
+        return version is None or held is None or _version(held) != version
 
     def wrote(self, key: Key, seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
         """Our write of ``seen`` (None: read with a GET) answered ``written``."""
@@ -234,6 +234,8 @@ class Controller:
         if _ends_something(old, the_plan) and self._namespace_deleted(key, now, refused=False):
             return None  # its pods went with the namespace: not a failure, and nothing is to be made there
         if self._launches_unwritten(key, old, the_plan):
+            if cached is not None and not self._still_current(key, cached):
+                return 0.0  # changed (or gone) since the watch delivered it: plan again from what was read
             self._launching.add(key)
             if cached is None:
                 self.bodies.read(key, body)
@@ -261,6 +263,19 @@ class Controller:
         """Whether the job's next reconcile is to write the first status of the pods its last one made
         (``_launches_unwritten``): a report, which may wait while other jobs' pods are to be made."""
         return key in self._launching
+
+    def _still_current(self, key: Key, cached: dict[str, Any]) -> bool:
+        """Whether the job is still as the watch delivered it (a GET answers its resourceVersion), as a status write
+        would have proved before pods are made: a job deleted and made again under its name since then must not get
+        pods owned by the old one. Otherwise the body read (or its absence) replaces it."""
+        fresh = self._api.get_job(*key)
+        if fresh is None:
+            self.bodies.drop(key)
+            return False
+        if _version(fresh) == _version(cached):
+            return True
+        self.bodies.wrote(key, cached, fresh)
+        return False
 
     def _launches_unwritten(self, key: Key, old: JobStatus, the_plan: Plan) -> bool:
         """Whether this is a new job's first try at its first pods: they go out before its first status write, and
@@ -490,6 +505,10 @@ def _all(pool: Executor, calls: Sequence[Callable[[], None]]) -> None:
         future.exception()
     for future in futures:
         future.result()
+
+
+def _version(body: Mapping[str, Any]) -> str | None:
+    return (body.get("metadata") or {}).get("resourceVersion")
 
 
 def _measured_stop(status: JobStatus) -> tuple[float | None, float | None]:

@@ -177,7 +177,8 @@ def test_a_new_jobs_service_and_pods_are_made_first_then_one_status_write_says_i
     bodies = ctl.bodies
     bodies.put(KEY, kube.job)
     assert ctl.reconcile(KEY) == 0.0, "look again at once: the pods just made are in the cache"
-    assert "PUT status" not in kube.calls and "POST Event" not in kube.calls and "GET job" not in kube.calls
+    assert kube.calls[0] == "GET job", "the watch's body is checked still current, as a status write would prove"
+    assert "PUT status" not in kube.calls and "POST Event" not in kube.calls
     pods = [i for i, call in enumerate(kube.calls) if call == "POST Pod"]
     assert kube.calls.index("POST Service") < min(pods), "the Service first: a crash never leaves pods without it"
     assert kube.calls.count("POST Pod") == 4 and kube.calls.count("POST Service") == 1
@@ -198,6 +199,24 @@ def test_a_new_jobs_service_and_pods_are_made_first_then_one_status_write_says_i
 
     ctl.reconcile(KEY)
     assert kube.calls == [], "nothing left to write or make"
+
+
+@pytest.mark.parametrize("now", ["made again", "deleted"])
+def test_a_new_job_changed_since_the_watch_delivered_it_gets_no_pods_from_the_old_body(
+    creates: Executor, now: str
+) -> None:
+    kube = FakeKube(replicas=2)
+    ctl = controller(kube, creates, FakeCache([]))
+    ctl.bodies.put(KEY, kube.job)
+    again = factories.body(replicas=2)
+    again["metadata"].update(uid="uid-2", resourceVersion="7")
+    kube.get_job = lambda namespace, name: again if now == "made again" else None  # type: ignore[method-assign]
+    assert ctl.reconcile(KEY) == 0.0
+    assert not [c for c in kube.calls if c.startswith("POST")], "no pod owned by a job that is no longer there"
+    assert ctl.bodies.get(KEY) is (again if now == "made again" else None)
+    ctl.reconcile(KEY)
+    owners = {o["metadata"]["ownerReferences"][0]["uid"] for o in kube.posted if o["kind"] == "Pod"}
+    assert owners == ({"uid-2"} if now == "made again" else set())
 
 
 def test_where_podgroups_are_served_the_attempts_podgroup_comes_before_its_pods(
