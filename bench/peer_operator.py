@@ -473,7 +473,11 @@ AREAS: list[tuple[str, tuple[str, ...]]] = [
     ("creating pods (POST; the create pool)", ("_create_pods.<locals>.create",)),
     ("Events (POST; the event pool)", ("_post_events",)),
     ("status writes (PUT)", ("_write_status",)),
-    ("the rest of each reconcile (plan, Service, PodGroup)", ("Controller.reconcile",)),
+    # the Service and the PodGroup are made on the create pool since 0325906
+    (
+        "the rest of each reconcile (plan, Service, PodGroup)",
+        ("Controller.reconcile", "Controller._create_before_pods"),
+    ),
     # one loop for both since listwatch.ListWatch (its frames do not say which); before it, PodCache's and JobWatch's
     ("the watches, pods and DDPJobs (read, decode, slim, wake)", ("ListWatch._run", "PodCache._run", "JobWatch._run")),
     ("the event loop (work queue, wake-ups)", ("BaseEventLoop.run_forever",)),
