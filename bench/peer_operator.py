@@ -3,6 +3,7 @@
     python -m bench.peer_operator                                  # 500 jobs x 4 pods, 3 alternating pairs, + Disabled
     python -m bench.peer_operator --jobs 50 --pairs 1 --disabled-runs 0   # a short run
     python -m bench.peer_operator --profile                        # + one DDPJob run under py-spy (the dev extra)
+    python -m bench.peer_operator --apiserver-profile              # + the apiserver's CPU profile of each load (pprof)
 
 The box's control plane without a node (``ddpjob cluster up --no-node``; pods stay Pending), its apiserver
 auditing every request of the clients outside the control plane. training-operator v1.9.3 (tools/training-operator,
