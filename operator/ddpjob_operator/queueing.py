@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_contract import kueue
+from ddpjob_operator.status import find_condition
 from ddpjob_operator.times import from_time
 
 
@@ -106,12 +107,8 @@ class Queueing:
 NOT_QUEUED = Queueing()
 
 
-def _condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any]:
-    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == type_), {})
-
-
 def _true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
-    return _condition(conditions, type_).get("status") == "True"
+    return find_condition(conditions, type_).get("status") == "True"
 
 
 def workload_name(job_name: str, job_uid: str) -> str:
@@ -136,8 +133,8 @@ def read(
     meta = workload.get("metadata") or {}
     status = workload.get("status") or {}
     conditions = tuple(c for c in status.get("conditions") or [] if isinstance(c, Mapping))
-    evicted = _condition(conditions, "Evicted")
-    reserved = _condition(conditions, "QuotaReserved")
+    evicted = find_condition(conditions, "Evicted")
+    reserved = find_condition(conditions, "QuotaReserved")
     admission = status.get("admission") or {}
     assignment: Mapping[str, Any] = next(iter(admission.get("podSetAssignments") or []), {}) or {}
     requested: Mapping[str, Any] = next(iter((workload.get("spec") or {}).get("podSets") or []), {}) or {}
@@ -163,7 +160,7 @@ def read(
         else None,
         finished=_true(conditions, "Finished"),
         requeue_at=str((status.get("requeueState") or {}).get("requeueAt") or ""),
-        pods_ready=str(_condition(conditions, "PodsReady").get("reason") or ""),
+        pods_ready=str(find_condition(conditions, "PodsReady").get("reason") or ""),
         reclaimable=int(reclaimable or 0),
         priority_missing=priority_missing,
         conditions=conditions,
@@ -233,7 +230,7 @@ def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 def _with(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Set one condition; its transition time stays when its status does not flip."""
-    old = _condition(conditions, str(new["type"]))
+    old = find_condition(conditions, str(new["type"]))
     kept = dict(new)
     if old.get("status") == new["status"] and old.get("lastTransitionTime"):
         kept["lastTransitionTime"] = old["lastTransitionTime"]
@@ -273,7 +270,7 @@ def pods_ready(q: Queueing, ready: bool, now: datetime) -> StatusApply | None:
     """The PodsReady condition (``waitForPodsReady``), as Kueue's ``generatePodsReadyCondition`` words it; None
     when the Workload already says so."""
     generation = int((q.body.get("metadata") or {}).get("generation") or 0)
-    old = _condition(q.conditions, "PodsReady")
+    old = find_condition(q.conditions, "PodsReady")
     if ready:
         recovering = old.get("reason") in ("WaitForRecovery", "Recovered")
         new = _cond("PodsReady", True, "Recovered" if recovering else "Started",

@@ -129,9 +129,14 @@ def _blocked(status: Mapping[str, Any]) -> str:
     return ""
 
 
+def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any]:
+    """The condition of ``type_`` in an object's ``status.conditions`` (a pod's, a Workload's); {} if none."""
+    return next((c for c in conditions or [] if isinstance(c, Mapping) and c.get("type") == type_), {})
+
+
 def pod_condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     """A pod status's condition of ``type_`` ({} if it has none)."""
-    return next((c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == type_), {})
+    return find_condition(status.get("conditions"), type_)
 
 
 def is_unschedulable(scheduled: Mapping[str, Any]) -> bool:
