@@ -89,6 +89,21 @@ def last_error(path: Path, since: int = 0, *, within: int = 3) -> str:
     return ""
 
 
+def children(pid: int) -> set[int]:
+    """The process's children, from /proc (none if it is gone, or goes while it is read)."""
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found |= {int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()}
+        except OSError:
+            continue
+    return found
+
+
 def exited(pid: int) -> bool:
     """No such process, or a zombie its parent has not reaped yet (``kill(pid, 0)`` still finds those)."""
     try:

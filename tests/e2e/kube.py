@@ -17,7 +17,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ddpjob_box.kubenode.node import KubeletNode, _children
+from ddpjob_box import processes
+from ddpjob_box.kubenode.node import KubeletNode
 
 T = TypeVar("T")
 
@@ -182,7 +183,7 @@ class Jobs:
         main = node.container_pid(container)
 
         def children() -> str:
-            return f"the supervisor {main}'s children: {sorted(_children(main)) or 'none'}"
+            return f"the supervisor {main}'s children: {sorted(processes.children(main)) or 'none'}"
 
         return wait_for(
             f"{pod}'s training process under its supervisor",

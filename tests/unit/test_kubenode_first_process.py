@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from ddpjob_box import processes
 from ddpjob_box.kubenode import node
 
 
@@ -30,8 +31,8 @@ def test_it_reads_real_processes_in_a_pid_namespace_of_their_own() -> None:
     try:
         deadline = time.monotonic() + 10
         while True:
-            inner = node._children(outer.pid)  # sh, PID 1 inside
-            grandchildren = {p for pid in inner for p in node._children(pid)}  # sleep, PID 2 inside
+            inner = processes.children(outer.pid)  # sh, PID 1 inside
+            grandchildren = {p for pid in inner for p in processes.children(pid)}  # sleep, PID 2 inside
             if inner and grandchildren:
                 break
             assert time.monotonic() < deadline, "unshare's processes did not start"

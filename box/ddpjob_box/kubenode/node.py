@@ -47,7 +47,7 @@ from ddpjob_box.kubenode.configs import (
 from ddpjob_box.kubenode.containerd import Importer, start_containerd
 from ddpjob_box.pki import issue_cert
 from ddpjob_box.ports import free_port
-from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
+from ddpjob_box.processes import Component, Supervisor, children, exited, tail, wait_until
 
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
@@ -445,9 +445,9 @@ class KubeletNode:
         above 0), the child of its fork server, which the supervisor restarts in place; else the container's first
         process (``container_pid``). What an OOM killer or a crash ends."""
         main = self.container_pid(container_id)
-        for child in _children(main):
+        for child in children(main):
             if b"multiprocessing.forkserver" in _cmdline(child):
-                training = sorted(_children(child))
+                training = sorted(children(child))
                 if training:
                     return training[0]
         return main
@@ -561,14 +561,6 @@ def _http_ok(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
-
-
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            found |= {int(p) for p in (task / "children").read_text().split()}
-    return found
 
 
 def _cmdline(pid: int) -> bytes:
