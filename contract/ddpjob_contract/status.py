@@ -73,3 +73,4 @@ class Reason(StrEnum):
     ADMITTED = "Admitted"
     EVICTED = "EvictedByKueue"
     KUEUE_NOT_INSTALLED = "KueueNotInstalled"
+    WORKLOAD_MISSING = "WorkloadNotCreated"

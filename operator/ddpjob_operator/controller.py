@@ -203,6 +203,8 @@ class Controller:
         """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
         self._workloads: dict[Key, str] = {}
         """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
+        self._workload_failures: dict[Key, str] = {}
+        """Jobs whose last try to create their Workload failed, and why: said in the next status, and retried."""
         self._launching: set[Key] = set()
         """New jobs whose first pods went out before their first status write (``_launches_unwritten``)."""
         self._terminating: dict[str, datetime] = {}
@@ -244,10 +246,10 @@ class Controller:
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
-            if err.status == 404:
+            if err.status == 404 and not isinstance(err, NotServed):
                 self.bodies.drop(key)
                 return None  # deleted since we read it
-            raise
+            raise  # NotServed: the apiserver does not serve DDPJobs just now, which says nothing of this job
         if written is None or (written is cached and _acts(the_plan)):
             self.bodies.drop(key)  # stale, or not known to be current: act only on a body just read or written
             return 0.0
@@ -333,6 +335,7 @@ class Controller:
         self.bodies.drop(key)
         self._refused.pop(key, None)
         self._failed_creates.pop(key, None)
+        self._workload_failures.pop(key, None)
         self._launching.discard(key)
         self._progress.track(key, 0, (), 0.0)
         self._pods.forget(key)
@@ -376,7 +379,14 @@ class Controller:
         if workload is None and job.priority_class and self._priority(job) is None:
             missing = (f"its label kueue.x-k8s.io/priority-class names WorkloadPriorityClass {job.priority_class}, "
                        f"which does not exist: create it, or fix the label")  # fmt: skip
-        return queueing.read(job.queue, workload, flavors, name=name, priority_missing=missing)
+        return queueing.read(
+            job.queue,
+            workload,
+            flavors,
+            name=name,
+            priority_missing=missing,
+            create_failed=self._workload_failures.get(key, "") if workload is None else "",
+        )
 
     def _priority(self, job: Job) -> builders.Priority | None:
         if not job.priority_class:
@@ -402,12 +412,13 @@ class Controller:
             self._pods.created(self._api.patch_pod(job.namespace, pod.name, builders.adoption(pod, attempt)))
         try:
             if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
-                self._api.create(builders.workload(job, self._priority(job)))
+                self._create_workload(key, job)
             job = as_admitted(job, the_plan.status)  # the ranks Kueue admitted: the gang, its PodGroup, WORLD_SIZE
             self._create_before_pods(job, attempt, service=the_plan.create_service,
                                      pod_group=the_plan.create_pod_group)  # fmt: skip
         except NamespaceTerminating:
-            self._namespace_deleted(key, now, refused=True)
+            if not self._namespace_deleted(key, now, refused=True):
+                raise  # refused, yet the namespace is not being deleted: retried with backoff, and logged
             return None
         try:
             grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
@@ -417,7 +428,8 @@ class Controller:
                               grace=grace, in_place=by_kubelet,
                               restarts_left=in_place.in_process(job.spec.run_policy, restarts))  # fmt: skip
         except NamespaceTerminating:
-            self._namespace_deleted(key, now, refused=True)
+            if not self._namespace_deleted(key, now, refused=True):
+                raise
             return None
         except KubeError as err:
             if err.status not in (400, 422):  # quota, an admission policy: reported, retried with backoff
@@ -437,6 +449,21 @@ class Controller:
         if the_plan.create_ranks:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
+
+    def _create_workload(self, key: Key, job: Job) -> None:
+        """The job's Workload, which a GET has just found absent. A failure is kept for the next status to say, and
+        raised, so the work queue logs it and tries again with backoff."""
+        try:
+            created = self._api.create(builders.workload(job, self._priority(job)))
+        except NamespaceTerminating:
+            raise
+        except KubeError as err:
+            self._workload_failures[key] = str(err)
+            raise
+        self._workload_failures.pop(key, None)
+        if not created:  # a GET has just answered that it does not exist: the next look says which was right
+            log.warning("%s/%s: creating its Workload %s answered that it exists, which a GET had just denied; "
+                        "looking again", *key, workload_name(job.name, job.uid))  # fmt: skip
 
     def _in_place(self, job: Job, restarts: int) -> bool:
         """Whether the job's new pods restart in place on a retryable exit: its policy allows it, the attempt is not

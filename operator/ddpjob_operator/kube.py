@@ -28,9 +28,11 @@ log = logging.getLogger("ddpjob_operator")
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """``reason``: the Status object's machine-readable reason (``AlreadyExists``...), where it said one."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"HTTP {status}: {message}")
-        self.status, self.message = status, message
+        self.status, self.message, self.reason = status, message, reason
 
 
 class Conflict(KubeError):
@@ -170,7 +172,10 @@ class Kube:
         return f"{base}/{quote(name)}" if name else base
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.get(self._job_path(namespace, name))
+        """The job, or None where the apiserver says it does not exist; ``NotServed`` while it does not serve DDPJobs
+        (a restarted apiserver before it has read the CRDs answers "404 page not found" for every job): that is no
+        answer about the job, and taken as its deletion it left the job unreconciled for good."""
+        return self.get(self._job_path(namespace, name), unserved=True)
 
     def replace_job_status(self, job: Mapping[str, Any]) -> dict[str, Any]:
         """PUT the status subresource; the body's resourceVersion makes a stale write a Conflict."""
@@ -262,7 +267,9 @@ class Kube:
         try:
             created = self._request("POST", f"{group}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}",
                                     body=obj, read=read)  # fmt: skip
-        except Conflict:
+        except Conflict as err:
+            if err.reason not in ("AlreadyExists", ""):
+                raise  # a 409 that does not say the object exists (a quota's or a webhook's): not done
             return None
         return {} if created is None else created  # a 2xx: created (its answer unread, or empty)
 
@@ -434,12 +441,13 @@ def _causes(data: Any) -> set[str]:
 
 def _raise(status: int, data: Any, raw: bytes) -> NoReturn:
     message = data.get("message", "") if isinstance(data, Mapping) else raw.decode(errors="replace").strip()[:500]
+    reason = str(data.get("reason") or "") if isinstance(data, Mapping) else ""
     if status == 404 and data is None:
         raise NotServed(status, message)
     if status == 403 and "NamespaceTerminating" in _causes(data):
-        raise NamespaceTerminating(status, message)
+        raise NamespaceTerminating(status, message, reason)
     if status == 409:
-        raise Conflict(status, message)
+        raise Conflict(status, message, reason)
     if status == 410:
-        raise Expired(status, message)
-    raise KubeError(status, message)
+        raise Expired(status, message, reason)
+    raise KubeError(status, message, reason)

@@ -260,7 +260,7 @@ def _create(job: Job, pod_groups: bool) -> Transition:
     master = f"{job.name}-0.{job.name}:{spec.port}"
     placement = gang.condition(spec.gang_scheduling, pod_groups, spec.replicas)
     return Create(spec.replicas, spec.nproc_per_node, spec.world_size, master, suspended=spec.run_policy.suspend,
-                  placement=placement)  # fmt: skip
+                  placement=placement, queue=job.queue)  # fmt: skip
 
 
 def _observe(job: Job, status: JobStatus, pods: Sequence[PodView]) -> Observation:
@@ -352,7 +352,10 @@ def _suspension(v: View) -> Transition | None:
 def _admission(v: View) -> Transition | None:
     """policies.admission: Kueue decides when the ranks may have pods."""
     said = v.status.condition(ConditionType.QUEUED)
-    decision = admission.decide(v.queueing, v.status.phase, said.message if said and said.status else "")
+    queued = said is not None and said.status
+    since = said.last_transition_time if said is not None and queued else None
+    queued_for = (v.now - since).total_seconds() if since is not None else 0.0
+    decision = admission.decide(v.queueing, v.status.phase, said.message if said and queued else "", queued_for)
     if decision is None:
         return None
     match decision.verdict:

@@ -91,6 +91,8 @@ class Queueing:
     reclaimable: int = 0
     priority_missing: str = ""
     """The job names a WorkloadPriorityClass that does not exist."""
+    create_failed: str = ""
+    """Why the operator's last try to create the Workload failed (none exists yet)."""
     conditions: tuple[Mapping[str, Any], ...] = ()
     """The Workload's conditions as read (kept whole for the eviction's acknowledgement)."""
     body: Mapping[str, Any] = field(default_factory=dict)
@@ -124,12 +126,15 @@ def read(
     name: str,
     served: bool = True,
     priority_missing: str = "",
+    create_failed: str = "",
 ) -> Queueing:
-    """The job's Workload (None: none yet) and the ResourceFlavors its admission names, as observed state."""
+    """The job's Workload (None: none yet) and the ResourceFlavors its admission names, as observed state.
+    ``create_failed``: why the last try to create it failed."""
     if not queue:
         return NOT_QUEUED
     if not served or workload is None:
-        return Queueing(queue=queue, served=served, name=name, priority_missing=priority_missing)
+        return Queueing(queue=queue, served=served, name=name, priority_missing=priority_missing,
+                        create_failed=create_failed)  # fmt: skip
     meta = workload.get("metadata") or {}
     status = workload.get("status") or {}
     conditions = tuple(c for c in status.get("conditions") or [] if isinstance(c, Mapping))

@@ -25,6 +25,7 @@ from ddpjob_operator.inbox import Inbox
 from ddpjob_operator.jobwatch import JobWatch
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.launches_first import LaunchesFirst
+from ddpjob_operator.loopwatch import LoopWatch
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
@@ -86,6 +87,7 @@ class Runtime:
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
         self.jobs = JobWatch(Kube(connections=2), namespaces, self._job_changed)
         self._stopped = threading.Event()
+        self._loop_watch = LoopWatch(self._loop)
         self._sweeper = threading.Thread(target=self._sweep_workloads, args=(list(namespaces),), daemon=True,
                                          name="workload-sweep")  # fmt: skip
         self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events,
@@ -95,9 +97,11 @@ class Runtime:
         self.pods.start()
         self.jobs.start()
         self._sweeper.start()
+        self._loop_watch.start()
 
     async def stop(self) -> None:
         self._stopped.set()
+        self._loop_watch.stop()
         self.jobs.stop()
         self.pods.stop()
         await self.poller.stop()  # first: each poll wakes a worker

@@ -28,6 +28,18 @@ class Create:
     suspended: bool
     placement: tuple[bool, Reason, str] | None = None
     """The GangScheduling condition (status, reason, message), said once at creation."""
+    queue: str = ""
+    """The Kueue LocalQueue it waits in (its ``kueue.x-k8s.io/queue-name`` label); empty: not queued."""
+
+    def message(self) -> str:
+        """What was decided: the gang's shape, and, when no pod follows at once, why not."""
+        gang = (f"{self.replicas} pods x {self.nproc_per_node} processes (world size {self.world_size}), "
+                f"master {self.master}")  # fmt: skip
+        if self.suspended:
+            return f"planned {gang}; created suspended: no pod until spec.runPolicy.suspend is false"
+        if self.queue:
+            return f"planned {gang}; queued in LocalQueue {self.queue}: no pod until Kueue admits its Workload"
+        return gang
 
 
 @dataclass(frozen=True)
@@ -168,8 +180,7 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
     """The status after ``transition``, and the Events that tell of it."""
     match transition:
         case Create(suspended=suspended):
-            message = (f"{transition.replicas} pods x {transition.nproc_per_node} processes "
-                       f"(world size {transition.world_size}), master {transition.master}")  # fmt: skip
+            message = transition.message()
             status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
             status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
             status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
@@ -212,7 +223,7 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
         case Queue(reason=reason, message=message):
             status = replace(status, phase=Phase.QUEUED, start_time=None)
             status = status.with_condition(ConditionType.QUEUED, True, reason, message, now)
-            warning = reason is Reason.KUEUE_NOT_INSTALLED
+            warning = reason in (Reason.KUEUE_NOT_INSTALLED, Reason.WORKLOAD_MISSING)
             return _not_running(status, reason, message, now), (Event(reason, message, warning=warning),)
         case Evict(message=message, backoff_limit=limit):
             told = f"{message}; stopping the ranks (not counted: restarts stay {status.restarts} of {limit})"

@@ -101,6 +101,16 @@ def test_the_created_event_says_the_shape_of_the_job() -> None:
     assert told[0].message == "2 pods x 4 processes (world size 8), master train-0.train:29500"
 
 
+def test_the_created_event_of_a_queued_or_suspended_job_says_no_pod_follows_yet_and_why() -> None:
+    # Issue 42: a Queued job's Created Event said "2 pods x 1 processes" while no pod existed.
+    _, queued = apply(JobStatus(), Create(2, 1, 2, "train-0.train:29500", suspended=False, queue="user-queue"), NOW)
+    assert queued[0].message == ("planned 2 pods x 1 processes (world size 2), master train-0.train:29500; queued in "
+                                 "LocalQueue user-queue: no pod until Kueue admits its Workload")  # fmt: skip
+    _, suspended = apply(JobStatus(), Create(2, 1, 2, "train-0.train:29500", suspended=True), NOW)
+    assert suspended[0].message.startswith("planned 2 pods x 1 processes")
+    assert suspended[0].message.endswith("created suspended: no pod until spec.runPolicy.suspend is false")
+
+
 def test_a_finished_job_keeps_its_completion_time_and_a_resumed_one_restarts_its_clock() -> None:
     assert apply(RUNNING, Finish(True, Reason.ALL_SUCCEEDED, "done"), NOW)[0].completion_time == NOW
     assert apply(SUSPENDED, Resume(), NOW)[0].start_time == NOW

@@ -19,6 +19,8 @@ from ddpjob_contract.status import Phase, Reason
 from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
 
 KUEUE_DOCS = "docs/operations.md#queueing-with-kueue"
+WORKLOAD_OVERDUE_SECONDS = 30.0
+"""A queued job whose Workload is still not there this long after it was queued says so, in a Warning Event."""
 
 
 class Verdict(Enum):
@@ -44,8 +46,9 @@ def not_installed(queue: str) -> str:
     )
 
 
-def waiting(q: Queueing) -> str:
-    """Why the job waits, in Kueue's words where it has said something."""
+def waiting(q: Queueing, overdue: bool = False) -> str:
+    """Why the job waits, in Kueue's words where it has said something. ``overdue``: queued for
+    ``WORKLOAD_OVERDUE_SECONDS`` or more."""
     if q.priority_missing:
         return q.priority_missing
     where = f"queued in LocalQueue {q.queue}"
@@ -57,12 +60,18 @@ def waiting(q: Queueing) -> str:
     if q.waiting:
         return f"{where}: {q.waiting}"
     if not q.exists:
-        return f"{where}: creating its Workload"
+        failed = f" (its creation failed: {q.create_failed})" if q.create_failed else ""
+        if overdue:
+            return (f"{where}: its Workload {q.name} is still not there {WORKLOAD_OVERDUE_SECONDS:.0f} s after the "
+                    f"job was queued{failed}; the operator creates it again every few seconds and makes no pod "
+                    f"before Kueue admits it")  # fmt: skip
+        return f"{where}: creating its Workload{failed}"
     return f"{where}: waiting for Kueue to admit its Workload {q.name}"
 
 
-def decide(q: Queueing, phase: Phase, said: str) -> Decision | None:
-    """``said``: the message the job's Queued condition holds now (a wait is said once, and again when it changes)."""
+def decide(q: Queueing, phase: Phase, said: str, queued_for: float = 0.0) -> Decision | None:
+    """``said``: the message the job's Queued condition holds now (a wait is said once, and again when it changes);
+    ``queued_for``: seconds since the job was queued (its Queued condition's transition)."""
     if not q.queued or phase.finished or phase is Phase.SUSPENDED:
         return None
     if not q.served:
@@ -70,9 +79,11 @@ def decide(q: Queueing, phase: Phase, said: str) -> Decision | None:
         return None if said == message else Decision(Verdict.QUEUE, Reason.KUEUE_NOT_INSTALLED, message)
     if q.may_run():
         return Decision(Verdict.ADMIT, Reason.ADMITTED, count=q.count) if phase is Phase.QUEUED else None
-    message = waiting(q)
+    overdue = phase is Phase.QUEUED and queued_for >= WORKLOAD_OVERDUE_SECONDS
+    message = waiting(q, overdue)
     if phase is Phase.QUEUED:
-        return None if said == message else Decision(Verdict.QUEUE, Reason.QUEUED, message)
+        reason = Reason.WORKLOAD_MISSING if overdue and not q.exists else Reason.QUEUED
+        return None if said == message else Decision(Verdict.QUEUE, reason, message)
     if q.evicted is not None or q.deleting:  # it had pods, or was about to: stop them
         return Decision(Verdict.EVICT, Reason.EVICTED, message)
     return Decision(Verdict.QUEUE, Reason.QUEUED, message)
