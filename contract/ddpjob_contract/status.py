@@ -74,3 +74,5 @@ class Reason(StrEnum):
     EVICTED = "EvictedByKueue"
     KUEUE_NOT_INSTALLED = "KueueNotInstalled"
     WORKLOAD_MISSING = "WorkloadNotCreated"
+    NODE_LOST = "NodeLost"
+    NODE_UNHEALTHY = "NodeUnhealthy"

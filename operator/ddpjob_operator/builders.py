@@ -302,6 +302,26 @@ class Priority:
     value: int
 
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def avoiding(pod: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """The pod kept off ``nodes`` (``status.excludedNodes``): a required node affinity on the hostname label.
+
+    The terms of ``requiredDuringSchedulingIgnoredDuringExecution`` are ORed, so the exclusion joins each of the
+    template's own terms (a template with none gets one); the template's other affinities are kept."""
+    if not nodes:
+        return pod
+    rule = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(nodes)}
+    affinity = pod.setdefault("spec", {}).setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), rule]}
+                                     for t in terms]  # fmt: skip
+    return pod
+
+
 def workload(job: Job, priority: Priority | None) -> dict[str, Any]:
     """The job's Kueue Workload: one pod set of every rank (``count`` = replicas, ``minCount`` = minReplicas),
     from rank 0's pod as built, in the job's LocalQueue; owned by the job, held by Kueue's finalizer."""

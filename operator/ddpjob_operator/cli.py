@@ -16,6 +16,8 @@ Run = Callable[[argparse.Namespace], int]
 
 
 def _operator_arguments(parser: argparse.ArgumentParser) -> None:
+    from ddpjob_operator.policies import node_loss
+
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n", "--namespace", action="append", default=[], metavar="NS",
@@ -39,6 +41,19 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=16, metavar="N",
         help="reconciles in flight at once, all jobs together (each mostly waits on the apiserver)",
     )  # fmt: skip
+    parser.add_argument(
+        "--unhealthy-node-taint", action="append", default=None, metavar="KEY",
+        help="a taint that makes a Ready node unhealthy for training: its ranks restart off it (repeat for more; "
+        f"default: {', '.join(node_loss.UNHEALTHY_TAINTS)})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-exclusion-seconds", type=float, default=node_loss.EXCLUSION_SECONDS, metavar="S",
+        help="how long a job avoids a node it left because the node was lost or unhealthy (status.excludedNodes)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-node-watch", action="store_true",
+        help="do not watch nodes (for an install without the right to read them): no restart on a lost node",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log every reconcile")
 
 
@@ -46,6 +61,7 @@ def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import ddpjob_operator.handlers  # noqa: F401  (registers the handlers)
+    from ddpjob_operator.policies import node_loss
 
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("ddpjob_operator").setLevel(logging.INFO)
@@ -63,6 +79,9 @@ def _run_operator(args: argparse.Namespace) -> int:
             progress_concurrency=args.progress_concurrency,
             workers=args.workers,
             namespaces=list(args.namespace),
+            unhealthy_taints=list(args.unhealthy_node_taint or node_loss.UNHEALTHY_TAINTS),
+            node_exclusion_seconds=args.node_exclusion_seconds,
+            node_watch=not args.no_node_watch,
         ),
     )
     return 0

@@ -33,6 +33,7 @@ from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
 from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
 from ddpjob_operator.policies import in_place
+from ddpjob_operator.policies.node_loss import NodeHealth
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
@@ -63,7 +64,7 @@ class Api(Protocol):
 
     def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
-    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
+    def delete_pod(self, namespace: str, name: str, uid: str = "", *, force: bool = False) -> None: ...
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None: ...
 
@@ -100,6 +101,14 @@ class Pods(Protocol):
         ...
 
     def forget(self, key: Key) -> None: ...
+
+
+class Nodes(Protocol):
+    """The watch-fed nodes (``nodewatch.NodeWatch``)."""
+
+    def health(self) -> NodeHealth:
+        """The nodes known to be lost or sick now."""
+        ...
 
 
 class Progress(Protocol):
@@ -158,7 +167,8 @@ def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _acts(the_plan: Plan) -> bool:
-    return bool(the_plan.create_ranks or the_plan.delete_pods or the_plan.delete_job or the_plan.events
+    return bool(the_plan.create_ranks or the_plan.delete_pods or the_plan.force_delete_pods
+                or the_plan.delete_job or the_plan.events
                 or the_plan.create_service or the_plan.create_workload or the_plan.workload_status
                 or the_plan.release_workload or the_plan.adopt_pods)  # fmt: skip
 
@@ -166,7 +176,7 @@ def _acts(the_plan: Plan) -> bool:
 def _ends_something(old: JobStatus, the_plan: Plan) -> bool:
     """Whether the plan deletes pods, starts a new attempt or finishes the job: not to be done on a lagging view."""
     new = the_plan.status
-    return bool(the_plan.delete_pods or the_plan.delete_job or new.attempt != old.attempt
+    return bool(the_plan.delete_pods or the_plan.force_delete_pods or the_plan.delete_job or new.attempt != old.attempt
                 or new.restarts != old.restarts or (new.phase is not old.phase and new.phase.finished))  # fmt: skip
 
 
@@ -184,6 +194,7 @@ class Controller:
         progress: Progress,
         clock: Clock,
         *,
+        nodes: Nodes,
         creates: Executor,
         events: Executor,
         pod_groups: bool,
@@ -192,6 +203,7 @@ class Controller:
         self.bodies = Bodies()
         self._api = api
         self._pods = pods
+        self._nodes = nodes
         self._progress = progress
         self._clock = clock
         self._creates = creates
@@ -349,11 +361,12 @@ class Controller:
         refused = self._refused.get(key, "")
         queued = self._queueing(key, job)
         stopped = [pod_view(p, job.spec.trainer_container) for p in self._pods.stopped(key)]
+        health = self._nodes.health()
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
             return plan(job, old, views, now, scrapes, refused=refused, failed_create=self._failed_creates.get(key, ""),
-                        pod_groups=self.pod_groups, queued=queued, stopped=stopped)  # fmt: skip
+                        pod_groups=self.pod_groups, queued=queued, stopped=stopped, nodes=health)  # fmt: skip
 
         watched = self._pods.pods(key)
         the_plan = plan_from(watched if watched is not None else self._api.list_pods(*key))
@@ -404,6 +417,10 @@ class Controller:
 
     def _execute(self, key: Key, body: dict[str, Any], job: Job, the_plan: Plan, now: datetime) -> float | None:
         """Delete, then create if absent, then delete the job: the plan's status is already written."""
+        for pod in the_plan.force_delete_pods:  # on a lost node, whose kubelet cannot confirm: policies.node_loss
+            log.info("%s/%s: deleting pod %s at once: its node %s is lost", *key, pod.name, pod.node)
+            self._api.delete_pod(job.namespace, pod.name, pod.uid, force=True)
+            faults.point("pod-deleted")
         for pod in the_plan.delete_pods:
             self._api.delete_pod(job.namespace, pod.name, pod.uid)
             faults.point("pod-deleted")
@@ -425,7 +442,7 @@ class Controller:
             restarts = the_plan.status.restarts
             by_kubelet = bool(the_plan.create_ranks) and self._in_place(job, restarts)
             self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
-                              grace=grace, in_place=by_kubelet,
+                              avoid=the_plan.avoid_nodes, grace=grace, in_place=by_kubelet,
                               restarts_left=in_place.in_process(job.spec.run_policy, restarts))  # fmt: skip
         except NamespaceTerminating:
             if not self._namespace_deleted(key, now, refused=True):
@@ -497,6 +514,7 @@ class Controller:
         *,
         gang: bool,
         placement: Placement,
+        avoid: tuple[str, ...],
         grace: int,
         in_place: bool,
         restarts_left: int,
@@ -510,7 +528,7 @@ class Controller:
         def create(rank: int) -> None:
             built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place,
                                  restarts_left=restarts_left)  # fmt: skip
-            created = self._api.create_pod(placement.apply(built))
+            created = self._api.create_pod(builders.avoiding(placement.apply(built), avoid))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

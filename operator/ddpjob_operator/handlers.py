@@ -18,6 +18,7 @@ import kopf
 
 from ddpjob_operator import metrics, namespaces
 from ddpjob_operator.kube import Unreachable, in_cluster
+from ddpjob_operator.policies import node_loss
 from ddpjob_operator.runtime import NotServed, Runtime
 
 STARTUP_RETRY_SECONDS = 2
@@ -37,6 +38,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             progress_interval=float(memo.get("progress_interval") or 15.0),
             progress_timeout=float(memo.get("progress_timeout") or 2.0),
             progress_concurrency=int(memo.get("progress_concurrency") or 32),
+            unhealthy_taints=list(memo.get("unhealthy_taints") or node_loss.UNHEALTHY_TAINTS),
+            node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_loss.EXCLUSION_SECONDS),
+            node_watch=bool(memo.get("node_watch", True)),
         )
     except (Unreachable, NotServed) as err:  # started while the apiserver restarts: one line, and soon again
         # (not in 60 s). NotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right

@@ -246,6 +246,15 @@ class Kube:
         finally:
             stream.release_conn()
 
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        """Every node, and the list's resourceVersion."""
+        data = self._request("GET", "/api/v1/nodes")
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_nodes(self, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, node) for each change after ``version``, as ``watch_managed_pods``."""
+        return self._watch("/api/v1/nodes", [], version, seconds)
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create if absent: True when created, False when one of that name already existed.
 
@@ -403,11 +412,14 @@ class Kube:
         path = f"/apis/{POD_GROUP_API}/namespaces/{quote(namespace)}/podgroups"
         self._request("DELETE", path, query=[("labelSelector", selector)])
 
-    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
-        """Delete if present; with ``uid``, only that incarnation of the name (never a newer pod)."""
+    def delete_pod(self, namespace: str, name: str, uid: str = "", *, force: bool = False) -> None:
+        """Delete if present; with ``uid``, only that incarnation of the name (never a newer pod). ``force``: with no
+        grace period, the object gone at once (only for a pod on a lost node: ``policies.node_loss``)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if force:
+            body["gracePeriodSeconds"] = 0
         self._delete(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body)
 
     def _delete(self, path: str, body: dict[str, Any]) -> None:

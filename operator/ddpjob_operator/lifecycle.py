@@ -29,6 +29,7 @@ from ddpjob_operator.policies import (
     exit_grace,
     gang,
     in_place,
+    node_loss,
     restart,
     straggler,
     suspend,
@@ -37,6 +38,7 @@ from ddpjob_operator.policies import (
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.status import (
     Condition,
+    ExcludedNode,
     JobStatus,
     Observation,
     PodView,
@@ -99,6 +101,10 @@ class Plan:
     adopt_pods: tuple[PodView, ...] = ()
     """Pods of the last attempt that their kubelet restarts in place: moved into ``status.attempt``
     (``policies.in_place``)."""
+    force_delete_pods: tuple[PodView, ...] = ()
+    """Pods on a lost node, to delete with no grace period: its kubelet cannot confirm (``policies.node_loss``)."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes every pod made is kept off (``status.excludedNodes``)."""
 
 
 def _deletable(pods: Sequence[PodView]) -> tuple[PodView, ...]:
@@ -157,6 +163,8 @@ class View:
     queueing: queueing.Queueing
     requested: int
     """spec.replicas as written (``job`` holds the admitted number under Kueue's partial admission)."""
+    nodes: node_loss.NodeHealth = node_loss.ALL_HEALTHY
+    """The nodes known to be lost or sick."""
 
 
 def plan(
@@ -171,6 +179,7 @@ def plan(
     pod_groups: bool = False,
     queued: queueing.Queueing = queueing.NOT_QUEUED,
     stopped: Sequence[PodView] = (),
+    nodes: node_loss.NodeHealth = node_loss.ALL_HEALTHY,
 ) -> Plan:
     """Observe once, let the first policy that changes something decide the transition, apply it, and
     plan the pods for the status that results.
@@ -180,12 +189,27 @@ def plan(
     why creating one failed otherwise (it is retried).
     ``pod_groups``: whether the cluster serves PodGroups (gang scheduling). ``queued``: what Kueue says of the
     job's Workload (``queueing.NOT_QUEUED`` for a job without the queue-name label). ``stopped``: the final
-    state of deleted pods that stopped after saving a checkpoint (``podcache.PodIndex.stopped``).
+    state of deleted pods that stopped after saving a checkpoint (``podcache.PodIndex.stopped``). ``nodes``: the
+    nodes known to be lost or sick (``policies.node_loss``).
     """
     saved = exit_messages.stopped_checkpoint([*pods, *stopped], old.last_checkpoint)
     old = replace(old, last_checkpoint=saved)
-    the_plan = _plan(job, old, pods, now, scrapes, (refused, failed_create), pod_groups, queued)
-    return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now))
+    excluded = tuple(e for e in old.excluded_nodes if node_loss.still_excluded(e.since, now, nodes.exclusion_seconds))
+    old = replace(old, excluded_nodes=excluded)
+    the_plan = _plan(job, old, pods, now, scrapes, (refused, failed_create), pod_groups, queued, nodes)
+    return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now), **_leave_bad_nodes(the_plan, pods, nodes))
+
+
+def _leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: node_loss.NodeHealth) -> dict[str, Any]:
+    """Pods on a lost node go with no grace period (those this plan deletes, and those deleted before and stuck
+    there); every pod made avoids the nodes the job excludes."""
+    forced = node_loss.force_delete([*the_plan.delete_pods, *(p for p in pods if p.terminating)], nodes)
+    names = {p.name for p in forced}
+    return {
+        "delete_pods": tuple(p for p in the_plan.delete_pods if p.name not in names),
+        "force_delete_pods": forced,
+        "avoid_nodes": tuple(e.name for e in the_plan.status.excluded_nodes),
+    }
 
 
 def _plan(
@@ -197,6 +221,7 @@ def _plan(
     refused: tuple[str, str],
     pod_groups: bool,
     queued: queueing.Queueing,
+    nodes: node_loss.NodeHealth,
 ) -> Plan:
     requested = job.spec.replicas
     status = replace(old, observed_generation=job.generation)
@@ -208,7 +233,7 @@ def _plan(
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
     placement = gang.placement(job.spec.gang_scheduling, pod_groups)
-    view = _view(job, status, obs, now, scrapes, refused, placement, queued, requested)
+    view = replace(_view(job, status, obs, now, scrapes, refused, placement, queued, requested), nodes=nodes)
     status = view.status
     for policy in _POLICIES_IN.get(status.phase, POLICIES):
         transition = policy(view)
@@ -376,6 +401,21 @@ def _deadline(v: View) -> Transition | None:
 def _spec_changed(v: View) -> Transition | None:
     """The spec was edited while suspended and resumed before we saw it: start afresh."""
     return Rebuild() if v.obs.outdated else None
+
+
+def _node_lost(v: View) -> Transition | None:
+    """policies.node_loss: a rank of the attempt on a lost or sick node restarts the gang off it at once."""
+    left = node_loss.decide(tuple(v.obs.current.values()), v.nodes)
+    if left is None:
+        return None
+    reason = Reason.NODE_LOST if left.lost else Reason.NODE_UNHEALTHY
+    state = "is lost" if left.lost else "is unhealthy"
+    cause = f"node {left.node} {state} ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there"
+    rp = v.job.spec.run_policy
+    if v.status.restarts >= rp.backoff_limit:
+        return Finish(False, Reason.BACKOFF, f"{cause}; {_no_restarts_left(rp.backoff_limit)}")
+    excluded = ExcludedNode(left.node, reason.value, left.why, v.now)
+    return Restart(reason, f"{cause}; the next attempt avoids the node", rp.backoff_limit, exclude=excluded)
 
 
 def _failures(v: View) -> Transition | None:
@@ -561,7 +601,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _failures, _restarted_in_place,
+    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _node_lost, _failures,
+    _restarted_in_place,
     _stuck_exiting, _no_progress, _succeeded,
     _cannot_start, _phase, _straggler,
 )  # fmt: skip

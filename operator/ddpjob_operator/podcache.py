@@ -132,6 +132,12 @@ class PodIndex:
         with self._lock:
             return [self._stopped[key][1]] if key in self._stopped else []
 
+    def jobs_on(self, node: str) -> set[Key]:
+        """The jobs with a pod bound to ``node`` (woken when the node is lost or turns sick)."""
+        with self._lock:
+            return {k for k, pods in self._jobs.items() if any(p.get("spec", {}).get("nodeName") == node
+                                                                for p in pods.values())}  # fmt: skip
+
     def forget(self, key: Key) -> None:
         """The job is gone."""
         with self._lock:
@@ -251,6 +257,10 @@ class PodCache(ListWatch):
 
     def forget(self, key: Key) -> None:
         self.index.forget(key)
+
+    def jobs_on(self, node: str) -> set[Key]:
+        """``PodIndex.jobs_on``."""
+        return self.index.jobs_on(node)
 
     def _list(self, namespace: str) -> str:
         items, version = self._kube.list_managed_pods(namespace)

@@ -26,7 +26,9 @@ from ddpjob_operator.jobwatch import JobWatch
 from ddpjob_operator.kube import Kube
 from ddpjob_operator.launches_first import LaunchesFirst
 from ddpjob_operator.loopwatch import LoopWatch
+from ddpjob_operator.nodewatch import NodeWatch, Unwatched
 from ddpjob_operator.podcache import PodCache
+from ddpjob_operator.policies import node_loss
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.workqueue import WorkQueue
 
@@ -57,6 +59,9 @@ class Runtime:
         progress_interval: float = 15.0,
         progress_timeout: float = 2.0,
         progress_concurrency: int = 32,
+        unhealthy_taints: Sequence[str] = node_loss.UNHEALTHY_TAINTS,
+        node_exclusion_seconds: float = node_loss.EXCLUSION_SECONDS,
+        node_watch: bool = True,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
@@ -86,16 +91,20 @@ class Runtime:
                              concurrency=progress_concurrency)  # fmt: skip
         self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
         self.jobs = JobWatch(Kube(connections=2), namespaces, self._job_changed)
+        self.nodes = (NodeWatch(Kube(connections=2), self._node_changed, unhealthy_taints=unhealthy_taints,
+                                exclusion_seconds=node_exclusion_seconds)
+                      if node_watch else Unwatched())  # fmt: skip
         self._stopped = threading.Event()
         self._loop_watch = LoopWatch(self._loop)
         self._sweeper = threading.Thread(target=self._sweep_workloads, args=(list(namespaces),), daemon=True,
                                          name="workload-sweep")  # fmt: skip
-        self.controller = Controller(self.kube, self.pods, self.poller, _now, creates=creates, events=events,
-                                     pod_groups=pod_groups)  # fmt: skip
+        self.controller = Controller(self.kube, self.pods, self.poller, _now, nodes=self.nodes, creates=creates,
+                                     events=events, pod_groups=pod_groups)  # fmt: skip
 
     def start(self) -> None:
         self.pods.start()
         self.jobs.start()
+        self.nodes.start()
         self._sweeper.start()
         self._loop_watch.start()
 
@@ -103,6 +112,7 @@ class Runtime:
         self._stopped.set()
         self._loop_watch.stop()
         self.jobs.stop()
+        self.nodes.stop()
         self.pods.stop()
         await self.poller.stop()  # first: each poll wakes a worker
         await self.queue.stop()
@@ -162,6 +172,11 @@ class Runtime:
     def _pods_changed(self, key: Key) -> None:
         """From the cache's watch threads: wake the job's worker, on the event loop."""
         self._inbox.post(functools.partial(self._wake, key))
+
+    def _node_changed(self, node: str) -> None:
+        """From the node watch's thread: a node's health changed; wake the jobs with a pod on it."""
+        for key in self.pods.jobs_on(node):
+            self._inbox.post(functools.partial(self._wake, key))
 
     def _wake(self, key: Key) -> None:
         if key in self.served:

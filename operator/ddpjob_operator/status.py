@@ -391,6 +391,29 @@ class Condition:
         }
 
 
+@dataclass(frozen=True)
+class ExcludedNode:
+    """A node the job's pods avoid (``status.excludedNodes``): its rank there was lost or the node turned sick."""
+
+    name: str
+    reason: str
+    message: str
+    since: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason, "message": self.message, "since": from_time(self.since)}
+
+    @staticmethod
+    def parse(raw: Any) -> tuple[ExcludedNode, ...]:
+        """Those written back; an entry a user mangled (no name, no time) is dropped, as a cleared one is."""
+        kept: list[ExcludedNode] = []
+        for e in raw if isinstance(raw, list) else []:
+            since = to_time(e.get("since")) if isinstance(e, Mapping) else None
+            if since is not None and isinstance(e.get("name"), str) and e["name"]:
+                kept.append(ExcludedNode(e["name"], str(e.get("reason") or ""), str(e.get("message") or ""), since))
+        return tuple(kept)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobStatus:
     """Everything the operator remembers about a job, plus the counts it last observed."""
@@ -414,6 +437,8 @@ class JobStatus:
     progress: ProgressStatus | None = None
     last_checkpoint: Checkpoint | None = None
     """The newest complete checkpoint any attempt's ranks reported (kept when their pods are gone)."""
+    excluded_nodes: tuple[ExcludedNode, ...] = ()
+    """Nodes the job's pods avoid (``policies.node_loss``), until each entry expires or a user removes it."""
 
     def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -446,6 +471,7 @@ class JobStatus:
             "conditions": [c.to_dict() for c in self.conditions],
             "progress": self.progress.to_dict(running=self.phase is Phase.RUNNING) if self.progress else None,
             "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
+            "excludedNodes": [e.to_dict() for e in self.excluded_nodes] or None,
         }
 
 
@@ -492,6 +518,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         conditions=tuple(conditions),
         progress=ProgressStatus.parse(status.get("progress")),
         last_checkpoint=Checkpoint.parse(status.get("lastCheckpoint")),
+        excluded_nodes=ExcludedNode.parse(status.get("excludedNodes")),
     )
 
 

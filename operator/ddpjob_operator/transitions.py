@@ -13,7 +13,7 @@ from datetime import datetime
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.events import Event
 from ddpjob_operator.progress import ProgressStatus
-from ddpjob_operator.status import JobStatus
+from ddpjob_operator.status import ExcludedNode, JobStatus
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Restart:
     cause: str
     backoff_limit: int
     counted: bool = True
+    exclude: ExcludedNode | None = None
+    """A node the next attempts avoid (its rank was lost there, or the node is sick: ``policies.node_loss``)."""
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,12 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
         case Finish():
             return _finish(status, transition, now), (Event(transition.reason, transition.message,
                                                             warning=not transition.succeeded),)  # fmt: skip
-        case Restart(reason=reason, cause=cause, backoff_limit=limit, counted=counted):
+        case Restart(reason=reason, cause=cause, backoff_limit=limit, counted=counted, exclude=exclude):
             restarts = status.restarts + 1 if counted else status.restarts
             status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts)
+            if exclude is not None:
+                kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
+                status = replace(status, excluded_nodes=(*kept, exclude))
             count = f"restart {restarts} of {limit}" if counted else f"not counted: restarts stay {restarts} of {limit}"
             message = f"{cause}; restarting the gang as attempt {status.attempt} ({count})"
             status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)

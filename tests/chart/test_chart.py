@@ -35,13 +35,33 @@ def test_helm_lint_passes_in_strict_mode_with_defaults_and_with_every_toggle() -
     helm("lint", "--strict", str(CHART), *EVERY_TOGGLE, "--set", "watch.clusterWide=true")
 
 
-def test_the_default_install_is_namespaced_with_nothing_cluster_wide() -> None:
+def test_the_default_install_is_namespaced_with_nothing_cluster_wide_but_reading_nodes() -> None:
     docs = template()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service", "ServiceAccount"]
-    assert {d["metadata"]["namespace"] for d in docs} == {"ddpjob-system"}
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
+                     "Service", "ServiceAccount"]  # fmt: skip
+    assert one(docs, "ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                                                 "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    namespaced = [d for d in docs if not d["kind"].startswith("Cluster")]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"ddpjob-system"}
+    without = sorted(d["kind"] for d in template("--set", "nodeHealth.enabled=false"))
+    assert without == ["Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service", "ServiceAccount"]
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ddpjob-system" in args and "--all-namespaces" not in args
+
+
+def test_the_node_health_values_become_the_operators_flags() -> None:
+    def node_args(*values: str) -> list[str]:
+        args = one(template(*values), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return [a for a in args if "node" in a]
+
+    assert node_args() == ["--unhealthy-node-taint=nvidia.com/gpu-unhealthy",
+                           "--unhealthy-node-taint=node.kubernetes.io/gpu-unhealthy",
+                           "--unhealthy-node-taint=ddpjob.dev/unhealthy", "--node-exclusion-seconds=3600"]  # fmt: skip
+    assert node_args("--set", "nodeHealth.enabled=false") == ["--no-node-watch"]
+    assert node_args("--set", "nodeHealth.unhealthyTaints={example.com/bad}", "--set",
+                     "nodeHealth.exclusionSeconds=60") == ["--unhealthy-node-taint=example.com/bad",
+                                                           "--node-exclusion-seconds=60"]  # fmt: skip
 
 
 def test_each_watched_namespace_gets_a_role_binding_and_a_namespace_flag() -> None:
@@ -68,8 +88,9 @@ def test_the_operators_reconcile_workers_are_a_value() -> None:
 def test_cluster_wide_mode_binds_one_cluster_role_and_watches_all_namespaces() -> None:
     docs = template("--set", "watch.clusterWide=true")
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
-    role = one(docs, "ClusterRole")
-    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-node-reader")]
+    bindings = [b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")]
+    assert role["metadata"]["name"] in bindings
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
 
@@ -86,6 +107,8 @@ def test_rbac_names_every_verb_and_resource_and_never_touches_secrets_or_rbac(mo
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
         if rule["resources"] == ["podgroups"]:  # spec.gangScheduling: one per attempt, older ones deleted
             assert rule["apiGroups"] == ["scheduling.k8s.io"] and rule["verbs"] == ["create", "deletecollection"]
+        elif rule["resources"] == ["nodes"]:  # nodeHealth: lost and unhealthy nodes, read only
+            assert rule["apiGroups"] == [""] and rule["verbs"] == ["get", "list", "watch"]
         elif rule["apiGroups"] == ["kueue.x-k8s.io"]:
             assert "delete" not in rule["verbs"] and "update" not in rule["verbs"]
         elif rule["resources"] != ["customresourcedefinitions"]:

@@ -17,6 +17,7 @@ from ddpjob_operator.api import Key, parse_job
 from ddpjob_operator.controller import Bodies, Controller
 from ddpjob_operator.kube import KubeError, NamespaceTerminating
 from ddpjob_operator.podcache import PodIndex
+from ddpjob_operator.policies.node_loss import ALL_HEALTHY, NodeHealth
 from ddpjob_operator.progress import Scrape, Target
 
 from . import factories
@@ -74,8 +75,8 @@ class FakeKube:
             return None
         return {**pod, "metadata": {**pod["metadata"], "uid": f"uid-{pod['metadata']['name']}"}}
 
-    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
-        self._call("DELETE pod")
+    def delete_pod(self, namespace: str, name: str, uid: str = "", *, force: bool = False) -> None:
+        self._call("DELETE pod now" if force else "DELETE pod")
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         self._call("DELETE job")
@@ -135,6 +136,16 @@ class NoPolls:
         self.tracked[key] = (attempt, targets)
 
 
+class Nodes:
+    """The nodes as the node watch would say: ``health`` is what the next plan reads."""
+
+    def __init__(self, health: NodeHealth = ALL_HEALTHY) -> None:
+        self.now = health
+
+    def health(self) -> NodeHealth:
+        return self.now
+
+
 class FakeCache:
     """A pod cache that shows ``shown`` for the job (plus the pods created), whatever the apiserver
     holds; None: not synced yet, so the controller lists the pods itself."""
@@ -163,9 +174,15 @@ def creates() -> Iterator[Executor]:
 
 
 def controller(
-    kube: FakeKube, creates: Executor, pods: FakeCache | None = None, *, pod_groups: bool = False
+    kube: FakeKube,
+    creates: Executor,
+    pods: FakeCache | None = None,
+    *,
+    pod_groups: bool = False,
+    nodes: Nodes | None = None,
 ) -> Controller:
-    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, creates=creates, events=Inline(),
+    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, nodes=nodes or Nodes(), creates=creates,
+                      events=Inline(),
                       pod_groups=pod_groups)  # fmt: skip
 
 
@@ -593,3 +610,20 @@ def test_under_partial_admission_the_pods_and_the_podgroup_are_built_for_the_adm
     (group,) = [o for o in kube.created if o["kind"] == "PodGroup"]
     assert group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2
     assert kube.job["status"]["admittedReplicas"] == 2
+
+
+def test_the_pods_made_avoid_the_nodes_the_job_excludes(creates: Executor) -> None:
+    kube = FakeKube(replicas=2)
+    since = T0.isoformat().replace("+00:00", "Z")
+    kube.job["status"] = {"excludedNodes": [{"name": "node-1", "reason": "NodeLost", "since": since}]}
+    ctl = controller(kube, creates, FakeCache([]))
+    ctl.reconcile(KEY)
+    pods = [o for o in kube.posted if o["kind"] == "Pod"]
+    assert len(pods) == 2
+    for made in pods:
+        (term,) = made["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert term["matchExpressions"] == [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-1"]}
+        ]

@@ -19,7 +19,7 @@ from ddpjob_operator.progress import REFUSED, Target
 from ddpjob_operator.workqueue import WorkQueue
 
 from .factories import count_wakes
-from .test_controller import T0, FakeCache, FakeKube, Inline
+from .test_controller import T0, FakeCache, FakeKube, Inline, Nodes
 
 KEY = ("ns", "train")
 
@@ -128,7 +128,7 @@ def test_a_reconcile_runs_to_the_end_while_a_poll_of_the_same_job_waits_on_a_sil
         reconciled = asyncio.Event()
         kube = FakeKube(replicas=1)
         controller = Controller(
-            kube, FakeCache(), poller, lambda: T0, creates=Inline(), events=Inline(), pod_groups=False
+            kube, FakeCache(), poller, lambda: T0, nodes=Nodes(), creates=Inline(), events=Inline(), pod_groups=False
         )
 
         async def run_reconcile(key: Key) -> float | None:

@@ -26,7 +26,7 @@ from ddpjob_operator.loopwatch import LoopWatch
 from ddpjob_operator.queueing import workload_name
 
 from . import factories
-from .test_controller import FakeCache, Inline, NoPolls
+from .test_controller import FakeCache, Inline, Nodes, NoPolls
 from .test_kube_requests import Answer, Client
 
 KEY = ("ns", "train")
@@ -92,8 +92,8 @@ def creates() -> Iterator[Executor]:
 
 
 def controller(server: Apiserver, creates: Executor, now: list[datetime]) -> Controller:
-    return Controller(Kube(Client(server)), FakeCache([]), NoPolls(), lambda: now[0], creates=creates,  # type: ignore[arg-type]
-                      events=Inline(), pod_groups=False)  # fmt: skip
+    return Controller(Kube(Client(server)), FakeCache([]), NoPolls(), lambda: now[0], nodes=Nodes(),  # type: ignore[arg-type]
+                      creates=creates, events=Inline(), pod_groups=False)  # fmt: skip
 
 
 def work_queue(ctl: Controller, server: Apiserver, now: list[datetime], reconciles: int = 12) -> list[str]:

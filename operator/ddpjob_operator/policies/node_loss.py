@@ -1,0 +1,106 @@
+"""A rank on a lost or sick node: the gang restarts off it at once, and the job avoids that node for a while.
+
+- **Lost**: the node's ``Ready`` condition is ``Unknown`` or ``False`` (its kubelet stopped renewing its Lease for
+  the controller-manager's ``--node-monitor-grace-period``), the node object is gone, or it carries
+  ``node.kubernetes.io/out-of-service``. Its kubelet cannot confirm a deletion, so a pod there would stay
+  ``Terminating`` for as long as the node is away, and its name (``<job>-<rank>``) would block the rank's next pod:
+  such pods are deleted with no grace period. Only there: a pod on a node whose kubelet answers is never
+  force-deleted.
+- **Sick**: the node is Ready but carries a taint a health checker sets (``UNHEALTHY_TAINTS`` by default, a
+  flag of the operator). Its kubelet answers, so its pods stop as usual (SIGTERM, save on stop).
+
+Either way the restart is counted once (reason ``NodeLost`` or ``NodeUnhealthy``), and the node goes into
+``status.excludedNodes`` with why and since when: the next attempt's pods carry a node affinity that keeps them off
+it until the entry expires or the user removes it.
+
+Why force deletion is safe there: the pod's name is freed in the apiserver at once, but its processes may still run
+on a node that is partitioned, not dead. They cannot train beside the next attempt: the gang restart deleted every
+rank, so their peers are gone, and rank 0's Service name points at the next attempt's rank 0; a collective with
+a missing peer fails at the process group's timeout. When the node's kubelet comes back, it finds the pod's uid
+gone from the apiserver and kills its containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.status import PodView
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+UNHEALTHY_TAINTS = (
+    "nvidia.com/gpu-unhealthy",
+    "node.kubernetes.io/gpu-unhealthy",
+    "ddpjob.dev/unhealthy",
+)
+"""Taints that say a Ready node is bad for training, honoured by default: NVIDIA's GPU health checks, as the GPU
+operator's node-problem-detector plugins name them, and our own, for an admin or a script to set by hand."""
+EXCLUSION_SECONDS = 3600.0
+"""How long a node stays in ``status.excludedNodes`` by default."""
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """The nodes the operator knows to be bad (name -> why), and how long a job avoids one after leaving it."""
+
+    lost: Mapping[str, str] = field(default_factory=dict)
+    sick: Mapping[str, str] = field(default_factory=dict)
+    exclusion_seconds: float = EXCLUSION_SECONDS
+
+    def why(self, node: str) -> str:
+        return self.lost.get(node) or self.sick.get(node) or ""
+
+
+ALL_HEALTHY = NodeHealth()
+
+
+def read(node: Mapping[str, Any] | None, unhealthy_taints: Iterable[str] = UNHEALTHY_TAINTS) -> tuple[str, str]:
+    """(why it is lost, why it is sick) from a Node object ("" for no; None: the node is gone)."""
+    if node is None:
+        return "the node was deleted", ""
+    taints = {str(t.get("key")): t for t in (node.get("spec") or {}).get("taints") or [] if isinstance(t, Mapping)}
+    if OUT_OF_SERVICE in taints:
+        return f"the node carries the taint {OUT_OF_SERVICE}", ""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") != "True":
+        said = str(ready.get("reason") or "") or str(ready.get("message") or "")
+        since = str(ready.get("lastTransitionTime") or "")
+        return (f"its Ready condition is {ready.get('status')}" + (f" ({said})" if said else "")
+                + (f" since {since}" if since else "")), ""  # fmt: skip
+    for key in unhealthy_taints:
+        if key in taints:
+            value = str(taints[key].get("value") or "")
+            return "", f"the node carries the taint {key}" + (f"={value}" if value else "")
+    return "", ""
+
+
+@dataclass(frozen=True)
+class Left:
+    """The attempt's first rank found on a bad node."""
+
+    pod: PodView
+    node: str
+    why: str
+    lost: bool
+
+
+def decide(pods: Sequence[PodView], health: NodeHealth) -> Left | None:
+    """The first pod of the attempt still at work (not finished) on a lost or sick node, lost ones first."""
+    live = sorted((p for p in pods if not p.finished and p.node), key=lambda p: (p.rank is None, p.rank or 0))
+    for bad, lost in ((health.lost, True), (health.sick, False)):
+        for pod in live:
+            if pod.node in bad:
+                return Left(pod, pod.node, bad[pod.node], lost)
+    return None
+
+
+def force_delete(pods: Iterable[PodView], health: NodeHealth) -> tuple[PodView, ...]:
+    """Of the pods to delete, or already being deleted, those on a lost node: with no grace period."""
+    return tuple(p for p in pods if p.node and p.node in health.lost)
+
+
+def still_excluded(since: datetime | None, now: datetime, seconds: float) -> bool:
+    return since is not None and (now - since).total_seconds() < seconds

@@ -1,0 +1,179 @@
+"""policies.node_loss: a rank on a lost or sick node restarts the gang off it at once, once, and the job avoids the
+node until the entry expires; only pods on a lost node are deleted with no grace period."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ddpjob_contract.status import Phase
+from ddpjob_operator import builders
+from ddpjob_operator.lifecycle import plan
+from ddpjob_operator.nodewatch import NodeWatch
+from ddpjob_operator.policies import node_loss
+from ddpjob_operator.policies.node_loss import NodeHealth
+from ddpjob_operator.status import ExcludedNode, parse_status
+
+from .factories import job
+from .test_lifecycle import T0, running
+
+
+def node(name: str, ready: str = "True", taints: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"taints": [{"key": t, "effect": "NoSchedule"} for t in taints]},
+        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "NodeStatusUnknown" if ready == "Unknown"
+                                   else "KubeletReady", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seen", "lost", "sick"),
+    [
+        (node("a"), "", ""),
+        (
+            node("a", ready="Unknown"),
+            "its Ready condition is Unknown (NodeStatusUnknown) since 2026-01-01T00:00:00Z",
+            "",
+        ),
+        (node("a", ready="False"), "its Ready condition is False (KubeletReady) since 2026-01-01T00:00:00Z", ""),
+        (None, "the node was deleted", ""),
+        (
+            node("a", taints=("node.kubernetes.io/out-of-service",)),
+            "the node carries the taint node.kubernetes.io/out-of-service",
+            "",
+        ),
+        (node("a", taints=("nvidia.com/gpu-unhealthy",)), "", "the node carries the taint nvidia.com/gpu-unhealthy"),
+        (node("a", taints=("example.com/other",)), "", ""),
+    ],
+)
+def test_a_node_reads_as_lost_sick_or_healthy(seen: dict[str, Any] | None, lost: str, sick: str) -> None:
+    assert node_loss.read(seen) == (lost, sick)
+
+
+def on_nodes(replicas: int = 2) -> Any:
+    c = running(replicas)
+    for rank in range(replicas):
+        c.set(rank, node=f"node-{rank}")
+    return c
+
+
+def test_a_rank_on_a_lost_node_restarts_the_gang_once_and_only_its_pod_is_deleted_at_once() -> None:
+    c = on_nodes(2)
+    lost = NodeHealth(lost={"node-1": "its Ready condition is Unknown"})
+    p = plan(c.job, c.status, list(c.pods.values()), T0, nodes=lost)
+    assert p.status.phase is Phase.RESTARTING
+    assert (p.status.attempt, p.status.restarts) == (1, 1)
+    restarting = p.status.condition("Restarting")
+    assert restarting is not None and restarting.reason == "NodeLost"
+    assert "node node-1 is lost (its Ready condition is Unknown): rank 1's pod train-1 ran there" in restarting.message
+    assert [e.reason for e in p.events] == ["NodeLost"]
+    assert [x.name for x in p.force_delete_pods] == ["train-1"], "only the pod whose kubelet cannot confirm"
+    assert [x.name for x in p.delete_pods] == ["train-0"], "a pod on a healthy node stops with its grace period"
+    (excluded,) = p.status.excluded_nodes
+    assert (excluded.name, excluded.reason, excluded.since) == ("node-1", "NodeLost", T0)
+    assert p.avoid_nodes == ("node-1",)
+
+    # The next plans: the old pods are gone; the new attempt's pods avoid the node, and nothing counts again.
+    c.status = p.status
+    c.pods.clear()
+    again = plan(c.job, c.status, [], T0 + timedelta(seconds=1), nodes=lost)
+    assert again.status.restarts == 1 and again.create_ranks == (0, 1) and again.avoid_nodes == ("node-1",)
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_is_deleted_at_once_and_one_on_a_healthy_node_never_is() -> None:
+    c = on_nodes(2)
+    c.status = replace(c.status, phase=Phase.RESTARTING, attempt=1, restarts=1)
+    stuck = [replace(p, terminating=True) for p in c.pods.values()]
+    p = plan(c.job, c.status, stuck, T0, nodes=NodeHealth(lost={"node-1": "the node was deleted"}))
+    assert [x.name for x in p.force_delete_pods] == ["train-1"]
+    assert p.delete_pods == () and p.create_ranks == ()
+
+
+def test_a_rank_on_a_sick_node_restarts_the_gang_off_it_with_its_grace_period() -> None:
+    c = on_nodes(2)
+    sick = NodeHealth(sick={"node-0": "the node carries the taint nvidia.com/gpu-unhealthy"})
+    p = plan(c.job, c.status, list(c.pods.values()), T0, nodes=sick)
+    restarting = p.status.condition("Restarting")
+    assert restarting is not None and restarting.reason == "NodeUnhealthy"
+    assert p.force_delete_pods == () and sorted(x.name for x in p.delete_pods) == ["train-0", "train-1"]
+    assert [e.name for e in p.status.excluded_nodes] == ["node-0"]
+
+
+def test_an_excluded_node_expires_and_a_user_may_clear_the_list() -> None:
+    c = on_nodes(2)
+    entry = ExcludedNode("node-9", "NodeLost", "its Ready condition is Unknown", T0)
+    c.status = replace(c.status, excluded_nodes=(entry,))
+    kept = plan(
+        c.job, c.status, list(c.pods.values()), T0 + timedelta(seconds=59), nodes=NodeHealth(exclusion_seconds=60)
+    )
+    assert kept.avoid_nodes == ("node-9",)
+    gone = plan(
+        c.job, c.status, list(c.pods.values()), T0 + timedelta(seconds=60), nodes=NodeHealth(exclusion_seconds=60)
+    )
+    assert gone.avoid_nodes == () and gone.status.excluded_nodes == ()
+    assert gone.status.to_dict()["excludedNodes"] is None, "written as gone"
+    written = kept.status.to_dict()["excludedNodes"]
+    assert parse_status({"excludedNodes": written}).excluded_nodes == (entry,)
+    assert parse_status({"excludedNodes": [{"name": "node-9"}]}).excluded_nodes == (), "a mangled entry is dropped"
+
+
+def test_a_node_lost_past_backoff_limit_fails_the_job() -> None:
+    c = on_nodes(2)
+    c.status = replace(c.status, restarts=c.job.spec.run_policy.backoff_limit)
+    p = plan(c.job, c.status, list(c.pods.values()), T0, nodes=NodeHealth(lost={"node-0": "the node was deleted"}))
+    assert p.status.phase is Phase.FAILED
+    assert [x.name for x in p.force_delete_pods] == ["train-0"]
+
+
+def test_the_pods_avoid_excluded_nodes_beside_the_templates_own_node_affinity() -> None:
+    built = builders.pod(job(), 0, 0, gang=False)
+    kept_off = builders.avoiding(built, ("node-b", "node-a"))
+    (term,) = kept_off["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                         "values": ["node-a", "node-b"]}]  # fmt: skip
+    own = {"key": "gpu", "operator": "In", "values": ["h100"]}
+    fields = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["x"]}]}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [own]}, fields]}
+    two_terms = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}}
+    terms = builders.avoiding(two_terms, ("node-a",))["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert all(t["matchExpressions"][-1]["values"] == ["node-a"] for t in terms), "ORed terms: each avoids it"
+    assert terms[0]["matchExpressions"][0] == own and "matchFields" in terms[1]
+    assert builders.avoiding(builders.pod(job(), 0, 0, gang=False), ()) == builders.pod(job(), 0, 0, gang=False)
+
+
+class Nodes:
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = [node("a"), node("b")]
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        return list(self.items), "1"
+
+    def watch_nodes(self, version: str, seconds: int) -> Any:
+        return iter(self.events)
+
+
+def test_the_node_watch_says_which_nodes_are_bad_and_wakes_only_on_a_change() -> None:
+    source = Nodes()
+    changed: list[str] = []
+    watch = NodeWatch(source, changed.append, unhealthy_taints=("example.com/bad",), exclusion_seconds=42)
+    watch._list("")
+    assert watch.health().lost == {} and watch.health().sick == {} and watch.health().exclusion_seconds == 42
+    changed.clear()
+    watch._event("", "MODIFIED", node("a"))
+    assert changed == [], "nothing changed"
+    watch._event("", "MODIFIED", node("a", ready="Unknown"))
+    watch._event("", "MODIFIED", node("b", taints=("example.com/bad",)))
+    assert set(watch.health().lost) == {"a"} and set(watch.health().sick) == {"b"}
+    assert changed == ["a", "b"]
+    source.items = [node("a")]
+    watch._list("")  # a came back, and b was deleted while the watch was down
+    assert watch.health().lost == {"b": "the node was deleted"} and watch.health().sick == {}
