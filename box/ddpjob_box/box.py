@@ -19,7 +19,7 @@ from ddpjob_box.kubenode.subnet import pick_subnet
 from ddpjob_box.kueue import Kueue
 from ddpjob_box.processes import Component
 from ddpjob_box.prometheus import Prometheus
-from ddpjob_box.provisioner import storage_class
+from ddpjob_box.provisioner import SHARED_STORAGE_CLASS, STORAGE_CLASS, storage_class
 
 NODE_NAME = "box-node"
 SLOT_RESOURCE = "example.com/slot"
@@ -39,6 +39,12 @@ class Box:
     with_kueue: bool = False
     # SLOT_RESOURCE on the node: DEFAULT_SLOTS, or KUEUE_SLOTS with Kueue
     slots: int | None = None
+    # Nodes: the first one runs kube-proxy and the box's one CoreDNS; the others, named box-node-1..., use them
+    node_count: int = 1
+    # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
+    with_proxy: bool = True
+    # Flags of the controller-manager (a shorter --node-monitor-grace-period for node-loss tests, as kind users do)
+    controller_manager_args: Sequence[str] = ()
     apiserver_port: int | None = None
     reset: bool = False
     # the apiserver audits every request of the clients outside the control plane (ddpjob_box.audit), for benchmarks
@@ -46,6 +52,7 @@ class Box:
     box_id: str = field(default_factory=lambda: secrets.token_hex(3))
     plane: ControlPlane | None = None
     node: KubeletNode | None = None
+    extra_nodes: list[KubeletNode] = field(default_factory=list)
     provisioner: Component | None = None
     prometheus: Prometheus | None = None
     kueue: Kueue | None = None
@@ -68,12 +75,14 @@ class Box:
             apiserver_port=self.apiserver_port,
             reset=self.reset,
             audit_requests=self.audit_requests,
+            extra_args={"kube-controller-manager": list(self.controller_manager_args)},
         )
         try:
             self.plane.start()
             if self.with_node:
                 kueue_image = [local_images.ensure_kueue()] if self.with_kueue else []
-                self.start_node(images=[*local_images.shipped_images(), *kueue_image], slots=self.node_slots())
+                shipped = [*local_images.shipped_images(), *kueue_image]
+                self.start_nodes(self.node_count, images=shipped, slots=self.node_slots(), proxy=self.with_proxy)
             if self.with_kueue:
                 self.start_kueue()
             if self.with_prometheus:
@@ -120,11 +129,60 @@ class Box:
             self._start_provisioner()
         return self.node
 
+    @property
+    def nodes(self) -> list[KubeletNode]:
+        """Every node started, the first one first."""
+        return [*([self.node] if self.node else []), *self.extra_nodes]
+
+    def node_named(self, name: str) -> KubeletNode:
+        found = [n for n in self.nodes if n.name == name]
+        if not found:
+            raise BoxError(f"the box has no node {name}: it has {', '.join(n.name for n in self.nodes) or 'none'}")
+        return found[0]
+
+    def start_nodes(
+        self,
+        count: int,
+        *,
+        images: Sequence[str] = (),
+        taints: tuple[str, ...] = (),
+        slots: int = DEFAULT_SLOTS,
+        proxy: bool = True,
+    ) -> list[KubeletNode]:
+        """The box's nodes, started one after another until there are ``count``: the first as ``start_node``; each
+        other named ``box-node-<i>``, with its own kubelet, containerd, cgroup root, bridge and /24, no kube-proxy
+        or CoreDNS of its own (the first one's serve the box), and a kubelet link a test can cut (``cut_network``).
+        Pods on different nodes reach each other through the host's routes between the bridges."""
+        first = self.start_node(images=images, taints=taints, slots=slots, proxy=proxy)
+        while len(self.nodes) < count:
+            index = len(self.nodes)
+            node = KubeletNode(
+                plane=first.plane,
+                directory=self.data_dir / f"kubenode-{index}",
+                name=f"{NODE_NAME}-{index}",
+                bridge=f"kn{self.box_id}{self.nodes_started}",
+                subnet=pick_subnet(int(self.box_id, 16) % 256 + 16 * self.nodes_started),
+                sandbox_image=first.sandbox_image,
+                importer=first.importer,
+                images=first.images,
+                taints=taints,
+                extended_resources={SLOT_RESOURCE: slots},
+                with_dns=False,
+                with_proxy=False,
+                cluster_dns=first.gateway,
+                cuttable=True,
+            )
+            self.nodes_started += 1
+            self.extra_nodes.append(node)  # before it starts: a half-started node is still stopped with the box
+            node.start()
+        return self.nodes
+
     def _start_provisioner(self) -> None:
         """The default StorageClass's provisioner: hostPath directories under the data directory."""
         assert self.plane is not None
         if self.provisioner is None:
-            self.ensure_storage_class(storage_class())
+            self.ensure_storage_class(storage_class(STORAGE_CLASS))
+            self.ensure_storage_class(storage_class(SHARED_STORAGE_CLASS))
             self.provisioner = Component.box_module(
                 "provisioner",
                 "ddpjob_box.provisioner",
@@ -150,6 +208,9 @@ class Box:
         return self.kueue
 
     def stop_node(self) -> None:
+        """Stop every node, the first (which serves the others' DNS and Services) last."""
+        while self.extra_nodes:
+            self.extra_nodes.pop().stop()
         if self.node:
             self.node.stop()
             self.node = None
@@ -177,8 +238,7 @@ class Box:
 
     def log_tails(self) -> str:
         parts = [self.plane.log_tails()] if self.plane else []
-        if self.node:
-            parts.append(self.node.log_tails())
+        parts += [node.log_tails() for node in self.nodes]
         if self.kueue and self.kueue.installed:
             parts.append(f"--- kueue manager (kubectl logs):\n{self.kueue.log_tail()}")
         return "\n".join(parts)

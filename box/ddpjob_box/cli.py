@@ -34,6 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the images built from the Dockerfile; needs root) and Prometheus",
     )
     up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many nodes (default 1): each its own kubelet, containerd, cgroup root, bridge and /24, named "
+        "box-node, box-node-1...; one kube-proxy and one CoreDNS serve them all (docs/box.md)",
+    )
+    up.add_argument(
+        "--node-monitor-grace-period",
+        default="",
+        metavar="DURATION",
+        help="the controller-manager's --node-monitor-grace-period (Kubernetes' default 50s): how long until a node "
+        "that stopped reporting is NotReady, which is when the operator restarts its ranks elsewhere",
+    )
+    up.add_argument(
         "--kueue",
         action="store_true",
         help="also install Kueue from its own chart into kueue-system, its manager on the node, built from the Go "
@@ -53,6 +68,12 @@ def run(args: argparse.Namespace) -> int:
     )
     with temp as tmp:
         data_dir = args.data_dir or Path(tmp) / "box"
+        if args.nodes < 1 or (args.nodes > 1 and not args.node):
+            print("ddpjob: --nodes must be 1 or more, and needs --node: drop --no-node or --nodes", file=sys.stderr)
+            return 2
+        grace = (
+            [f"--node-monitor-grace-period={args.node_monitor_grace_period}"] if args.node_monitor_grace_period else []
+        )
         box = Box(
             data_dir=data_dir,
             apiserver_port=args.port,
@@ -60,14 +81,16 @@ def run(args: argparse.Namespace) -> int:
             with_node=args.node,
             with_prometheus=args.node,
             with_kueue=args.kueue,
+            node_count=args.nodes,
+            controller_manager_args=grace,
         )
         try:
             box.start()
             plane = box.plane
             assert plane is not None
             print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
-            if box.node is not None:
-                print(f"node {box.node.name} Ready; it runs {', '.join(box.node.images)}", flush=True)
+            for node in box.nodes:
+                print(f"node {node.name} Ready ({node.subnet}); it runs {', '.join(node.images)}", flush=True)
             if box.kueue is not None:
                 print(f"Kueue ready in namespace kueue-system, its manager from {box.kueue.image}", flush=True)
             if box.prometheus is not None:

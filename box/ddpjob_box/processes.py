@@ -192,6 +192,15 @@ class Component:
                 f"its log ({self.log_path}) ends with:\n{tail(self.log_path)}"
             )
 
+    def kill(self) -> None:
+        """SIGKILL at once, as a power cut would (no SIGTERM first); not started again until ``start``."""
+        with self._lock:
+            self._wanted = False
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
     def stop(self, grace: float = 10.0) -> None:
         with self._lock:
             self._wanted = False

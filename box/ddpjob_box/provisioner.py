@@ -20,17 +20,20 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 STORAGE_CLASS = "box-local"
+SHARED_STORAGE_CLASS = "box-shared"
+"""ReadWriteMany, for a job's ranks on several nodes to share one claim, as NFS or a CSI filesystem does on a real
+cluster: every node of the box is on this host, so every node mounts the same directory."""
+CLASSES = (STORAGE_CLASS, SHARED_STORAGE_CLASS)
 PROVISIONER = "ddpjob.dev/box-local"
 
 
-def storage_class() -> dict[str, Any]:
+def storage_class(name: str = STORAGE_CLASS) -> dict[str, Any]:
+    """``box-local`` is the default class; ``box-shared`` is for ReadWriteMany claims over several nodes."""
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if name == STORAGE_CLASS else {}
     return {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
-        "metadata": {
-            "name": STORAGE_CLASS,
-            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-        },
+        "metadata": {"name": name, "annotations": annotations},
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "Immediate",
@@ -49,7 +52,7 @@ def persistent_volume(claim: Any, path: Path) -> dict[str, Any]:
             "capacity": {"storage": claim.spec.resources.requests.get("storage", "1Gi")},
             "accessModes": claim.spec.access_modes or ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": STORAGE_CLASS,
+            "storageClassName": claim.spec.storage_class_name,
             "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
             "claimRef": {
                 "namespace": claim.metadata.namespace,
@@ -62,7 +65,7 @@ def persistent_volume(claim: Any, path: Path) -> dict[str, Any]:
 
 def provision(core: client.CoreV1Api, claims_dir: Path) -> None:
     for claim in core.list_persistent_volume_claim_for_all_namespaces().items:
-        if claim.spec.storage_class_name != STORAGE_CLASS or claim.spec.volume_name or claim.status.phase != "Pending":
+        if claim.spec.storage_class_name not in CLASSES or claim.spec.volume_name or claim.status.phase != "Pending":
             continue
         path = claims_dir / f"{claim.metadata.namespace}-{claim.metadata.name}-{claim.metadata.uid[:8]}"
         path.mkdir(parents=True, exist_ok=True)
@@ -73,7 +76,7 @@ def provision(core: client.CoreV1Api, claims_dir: Path) -> None:
             if err.status != 409:
                 raise
     for volume in core.list_persistent_volume().items:
-        if volume.spec.storage_class_name == STORAGE_CLASS and volume.status.phase == "Released":
+        if volume.spec.storage_class_name in CLASSES and volume.status.phase == "Released":
             shutil.rmtree(volume.spec.host_path.path, ignore_errors=True)
             try:
                 core.delete_persistent_volume(volume.metadata.name)

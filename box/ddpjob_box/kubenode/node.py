@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -78,6 +79,12 @@ class KubeletNode:
     with_dns: bool = True
     # kube-proxy, plus a forwarder from the bridge to the apiserver, so pods reach kubernetes.default.svc
     with_proxy: bool = True
+    # Another node's CoreDNS (its gateway) for the pods, where this node runs none: one CoreDNS for the whole box
+    cluster_dns: str = ""
+    # The kubelet reaches the apiserver through a forwarder of its own, which ``cut_network`` stops: a partition
+    # between this node and the control plane, its pods still running and still reaching each other
+    cuttable: bool = False
+    kubelet_link: Component | None = None
     coredns: Component | None = None
     kube_proxy: Component | None = None
     api_forwarder: Component | None = None
@@ -164,7 +171,7 @@ class KubeletNode:
     @property
     def components(self) -> list[Component]:
         """The node's processes that are started: each of them serves until the node stops."""
-        found = (self.coredns, self.containerd, self.kubelet, self.kube_proxy, self.api_forwarder)
+        found = (self.coredns, self.containerd, self.kubelet_link, self.kubelet, self.kube_proxy, self.api_forwarder)
         return [c for c in found if c]
 
     @property
@@ -222,7 +229,8 @@ class KubeletNode:
         issue_cert(pki, cert, f"/CN={self.name}", server=True, ips=[self.gateway, "127.0.0.1"], dns=[self.name])
         issue_cert(pki, f"{cert}-client", f"/O=system:nodes/CN=system:node:{self.name}", server=False)
         client = (pki / f"{cert}-client.crt", pki / f"{cert}-client.key")
-        layout.kubelet_kubeconfig.write_text(to_json(kubeconfig(self.plane.server, self.plane.ca_file, *client)))
+        server = self._start_kubelet_link() if self.cuttable else self.plane.server
+        layout.kubelet_kubeconfig.write_text(to_json(kubeconfig(server, self.plane.ca_file, *client)))
         settings = KubeletSettings(
             node_ip=self.gateway,
             port=free_port(),
@@ -230,7 +238,7 @@ class KubeletNode:
             ca_file=self.plane.ca_file,
             serving_cert=pki / f"{cert}.crt",
             serving_key=pki / f"{cert}.key",
-            cluster_dns=self.gateway if self.with_dns else CLUSTER_DNS,
+            cluster_dns=self.cluster_dns or (self.gateway if self.with_dns else CLUSTER_DNS),
             cgroup_root=self.cgroup_root,
             taints=self.taints,
         )
@@ -258,6 +266,49 @@ class KubeletNode:
         wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=watch)
         if self.extended_resources:
             self.advertise(self.extended_resources)
+
+    def _start_kubelet_link(self) -> str:
+        """The kubelet's own way to the apiserver (``cuttable``): a forwarder on loopback; its address."""
+        port = free_port()
+        assert self.plane.apiserver_port is not None
+        self.kubelet_link = Component.box_module(
+            "kubelet-link",
+            "ddpjob_box.kubenode.apiproxy",
+            ["127.0.0.1", str(port), str(self.plane.apiserver_port)],
+            self.plane.logs_dir / f"kubelet-link-{self.name}.log",
+        )
+        self.kubelet_link.start()
+        wait_until(f"node {self.name}'s link to the apiserver", lambda: _listening(port), 20, watch=[self.kubelet_link])
+        return f"https://127.0.0.1:{port}"
+
+    def cut_network(self) -> None:
+        """A partition: the kubelet no longer reaches the apiserver (its link is stopped, so its requests hang as
+        across a cut cable); the pods keep running and keep reaching each other. ``heal_network`` ends it."""
+        if self.kubelet_link is None or self.kubelet_link.pid is None:
+            raise BoxError(f"node {self.name} was not started cuttable: its network cannot be cut")
+        os.kill(self.kubelet_link.pid, signal.SIGSTOP)
+
+    def heal_network(self) -> None:
+        if self.kubelet_link is not None and self.kubelet_link.pid is not None:
+            os.kill(self.kubelet_link.pid, signal.SIGCONT)
+
+    def power_cut(self) -> None:
+        """The node loses power: its kubelet, containerd, every shim and every process of its pods SIGKILLed at once,
+        so nothing writes a last status. ``power_on`` boots it again, with what its disks kept."""
+        for component in (self.kubelet, self.containerd):
+            if component is not None:
+                component.kill()
+        if self.before is not None:
+            kill_pods(self.before, self.layout.containerd_socket, self.cgroup_root)
+
+    def power_on(self) -> None:
+        """containerd, then the kubelet, as the node's boot would start them; returns once the node is Ready."""
+        assert self.containerd is not None and self.kubelet is not None
+        self.heal_network()
+        self.containerd.start()
+        wait_until("containerd to serve", lambda: _ctr_ok(self.layout.containerd_socket), 30, watch=[self.containerd])
+        self.kubelet.start()
+        wait_until(f"node {self.name} to be Ready", self.ready, 120, watch=[self.containerd, self.kubelet])
 
     def advertise(self, resources: Mapping[str, int]) -> None:
         """Set extended resources in the node's capacity (kubelet keeps them, and derives allocatable)."""
@@ -391,7 +442,8 @@ class KubeletNode:
         if self.supervisor is not None:
             self.supervisor.stop()  # none of what follows is started again
             self.supervisor = None
-        for component in (self.kube_proxy, self.api_forwarder, self.kubelet):
+        self.heal_network()  # a stopped link would hold up its own stop
+        for component in (self.kube_proxy, self.api_forwarder, self.kubelet, self.kubelet_link):
             if component:
                 component.stop()
         if self.kubelet:
@@ -636,3 +688,16 @@ def _processes() -> list[tuple[int, str]]:
             except OSError:
                 continue
     return found
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _ctr_ok(sock: Path) -> bool:
+    ctr = shutil.which("ctr") or "ctr"
+    return subprocess.run([ctr, "--address", str(sock), "version"], capture_output=True).returncode == 0

@@ -1,0 +1,238 @@
+"""Node loss on the multi-node box: a node under a running gang loses power or its network; how long until the gang
+trains again, elsewhere.
+
+    python -m bench.node_loss --trials 10                 # power cuts, then network cuts, of rank 1's node
+    python -m bench.node_loss --trials 1 --fault power     # one smoke trial
+
+The box has 3 real nodes (``Box(node_count=3)``: each its own kubelet and containerd) and a controller-manager with
+``--node-monitor-grace-period`` at ``--grace`` (kind and kubeadm users shorten it so; Kubernetes' default is 50 s).
+Each trial runs a 2-rank tinycnn DDPJob whose ranks sit on two different nodes (a required pod anti-affinity on the
+hostname) and checkpoint to one ReadWriteMany claim (``box-shared``), cuts the node of rank 1 once the job is
+Running, and measures from the cut to the job Running again (every rank of the next attempt joined its process
+group: training resumes at once, from the newest checkpoint). It then checks what the operator promises: one
+restart, with reason NodeLost naming the node; the job Succeeded at its last step; no pod of the job left on the
+cut node once it is back. The node is brought back (power on, or the network healed) before the next trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import log, machine, percentile, table, wait_until, write_results
+from ddpjob_box import images, toolchain
+from ddpjob_box.box import Box
+from ddpjob_box.operator_process import OperatorProcess
+
+GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
+STEPS = 400
+CRD = Path(__file__).resolve().parents[1] / "manifests" / "crd.yaml"
+
+
+def job_body(name: str, claim: str) -> dict[str, Any]:
+    args = [
+        "--model",
+        "tinycnn",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "8",
+        "--num-workers",
+        "0",
+        "--log-interval",
+        "5",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-interval",
+        "20",
+        "--slow-rank",
+        "0",
+        "--slow-seconds",
+        "0.1",
+        "--pg-timeout-seconds",
+        "60",
+    ]
+    spread = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"ddpjob.dev/job-name": name}}, "topologyKey": "kubernetes.io/hostname"}
+        ]
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "runPolicy": {"backoffLimit": 3},
+            "checkpoint": {"claimName": claim},
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "affinity": {"podAntiAffinity": spread},
+                    "containers": [{"name": "trainer", "image": images.image_name("trainer"), "args": args}],
+                }
+            },
+        },
+    }
+
+
+class Trial:
+    def __init__(self, box: Box, api: Any, namespace: str, index: int, fault: str) -> None:
+        from kubernetes import client
+
+        self.box, self.namespace, self.fault = box, namespace, fault
+        self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        self.name, self.claim = f"loss-{index}", f"ckpt-{index}"
+
+    def status(self) -> dict[str, Any]:
+        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        return dict(job.get("status") or {})
+
+    def pods(self) -> list[Any]:
+        selector = f"ddpjob.dev/job-name={self.name}"
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def run(self) -> dict[str, Any]:
+        self.core.create_namespaced_persistent_volume_claim(
+            self.namespace,
+            {
+                "metadata": {"name": self.claim},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "box-shared",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, job_body(self.name, self.claim)
+        )
+        wait_until("the job to run", lambda: self.status().get("phase") == "Running", _deadline(300))
+        wait_until("a checkpoint", lambda: (self.status().get("lastCheckpoint") or {}).get("step"), _deadline(120))
+        placed = {p.metadata.labels["ddpjob.dev/rank"]: p.spec.node_name for p in self.pods()}
+        victim = self.box.node_named(placed["1"])
+        log(f"{self.name}: ranks on {placed}; cutting {self.fault} of {victim.name}")
+        cut = time.monotonic()
+        victim.power_cut() if self.fault == "power" else victim.cut_network()
+        try:
+            wait_until(
+                "the next attempt to run",
+                lambda: (s := self.status()).get("attempt", 0) >= 1 and s.get("phase") == "Running",
+                _deadline(300),
+            )
+            again = time.monotonic() - cut
+            log(f"{self.name}: training again {again:.1f}s after the cut")
+            left_running = [
+                p.metadata.name
+                for p in self.pods()
+                if p.spec.node_name == victim.name and not p.metadata.deletion_timestamp
+            ]
+            final = wait_until(
+                "the job to end",
+                lambda: (s := self.status()).get("phase") in ("Succeeded", "Failed") and s,
+                _deadline(600),
+            )
+        finally:
+            victim.power_on() if self.fault == "power" else victim.heal_network()
+        wait_until(
+            "the cut node's pods to go",
+            lambda: not [p for p in self.pods() if p.spec.node_name == victim.name],
+            _deadline(180),
+        )
+        restarting: dict[str, Any] = next((c for c in final.get("conditions") or [] if c["type"] == "Restarting"), {})
+        return {
+            "fault": self.fault,
+            "node": victim.name,
+            "seconds_to_training_again": round(again, 1),
+            "phase": final.get("phase"),
+            "restarts": final.get("restarts"),
+            "reason": restarting.get("reason"),
+            "message": restarting.get("message"),
+            "step": (final.get("progress") or {}).get("step"),
+            "excluded": [e.get("name") for e in final.get("excludedNodes") or []],
+            "new_pods_on_cut_node_while_cut": left_running,
+        }
+
+
+def _deadline(seconds: float) -> Any:
+    end = time.monotonic() + seconds
+    return lambda: end
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.node_loss", description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10, help="trials per fault")
+    parser.add_argument("--fault", choices=("power", "network", "both"), default="both")
+    parser.add_argument("--grace", default="10s", help="the controller-manager's --node-monitor-grace-period")
+    args = parser.parse_args(argv)
+    from kubernetes import config
+
+    faults = ["power", "network"] if args.fault == "both" else [args.fault]
+    trials: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ddpjob-node-loss-") as tmp:
+        grace = [f"--node-monitor-grace-period={args.grace}", "--node-monitor-period=2s"]
+        box = Box(
+            data_dir=Path(tmp) / "box",
+            node_count=3,
+            with_prometheus=False,
+            with_proxy=False,
+            controller_manager_args=grace,
+        )
+        with box:
+            assert box.plane is not None
+            kubectl = toolchain.ensure(toolchain.kubernetes_build())["kubectl"]
+            ctl = [str(kubectl), "--kubeconfig", str(box.plane.kubeconfig)]
+            subprocess.run([*ctl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+            established = ["wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.dev", "--timeout=60s"]
+            subprocess.run([*ctl, *established], check=True, capture_output=True)
+            api = config.new_client_from_config(config_file=str(box.plane.kubeconfig))
+            from kubernetes import client
+
+            namespace = "node-loss"
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+            operator = OperatorProcess(box.plane.kubeconfig, Path(tmp) / "operator.log", namespaces=[namespace])
+            try:
+                index = 0
+                for fault in faults:
+                    for _ in range(args.trials):
+                        result = Trial(box, api, namespace, index, fault).run()
+                        log(json.dumps(result))
+                        trials.append(result)
+                        index += 1
+            finally:
+                operator.stop()
+                print(operator.log_tail(40))
+    rows = []
+    for fault in faults:
+        seconds = [t["seconds_to_training_again"] for t in trials if t["fault"] == fault]
+        ok = sum(
+            t["phase"] == "Succeeded" and t["restarts"] == 1 and t["reason"] == "NodeLost"
+            for t in trials
+            if t["fault"] == fault
+        )
+        rows.append(
+            [
+                fault,
+                len(seconds),
+                f"{statistics.median(seconds):.1f}",
+                f"{percentile(seconds, 90):.1f}",
+                f"{ok}/{len(seconds)}",
+            ]
+        )
+    markdown = table(
+        ["cut", "trials", "cut -> training again, median s", "p90 s", "Succeeded, 1 NodeLost restart"], rows
+    )
+    print(markdown)
+    write_results("node_loss", {"machine": machine(), "grace": args.grace, "trials": trials}, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
