@@ -52,6 +52,7 @@ from ddpjob_operator.transitions import (
     Finish,
     FlagStraggler,
     Launch,
+    NodeLostUnder,
     Queue,
     Rebuild,
     Rendezvous,
@@ -407,7 +408,7 @@ def _node_lost(v: View) -> Transition | None:
     """policies.node_loss: a rank of the attempt on a lost or sick node restarts the gang off it at once."""
     left = node_loss.decide(tuple(v.obs.current.values()), v.nodes)
     if left is None:
-        return None
+        return _node_lost_under_last_attempt(v)
     reason = Reason.NODE_LOST if left.lost else Reason.NODE_UNHEALTHY
     state = "is lost" if left.lost else "is unhealthy"
     cause = f"node {left.node} {state} ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there"
@@ -416,6 +417,18 @@ def _node_lost(v: View) -> Transition | None:
         return Finish(False, Reason.BACKOFF, f"{cause}; {_no_restarts_left(rp.backoff_limit)}")
     excluded = ExcludedNode(left.node, reason.value, left.why, v.now)
     return Restart(reason, f"{cause}; the next attempt avoids the node", rp.backoff_limit, exclude=excluded)
+
+
+def _node_lost_under_last_attempt(v: View) -> Transition | None:
+    """The restart under way came from a node lost under the last attempt (policies.node_loss.under_last_attempt)."""
+    excluded = [e.name for e in v.status.excluded_nodes]
+    left = node_loss.under_last_attempt(v.obs.stale, v.status.attempt, v.nodes, excluded)
+    if left is None:
+        return None
+    message = (f"node {left.node} is lost ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there, and the "
+               f"gang's restart as attempt {v.status.attempt} (restart {v.status.restarts}, already counted) came from "
+               f"it; the next attempts avoid the node")  # fmt: skip
+    return NodeLostUnder(message, ExcludedNode(left.node, Reason.NODE_LOST.value, left.why, v.now))
 
 
 def _failures(v: View) -> Transition | None:

@@ -65,6 +65,15 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class NodeLostUnder:
+    """The restart under way was caused by a node lost under the last attempt (``policies.node_loss``): said as
+    such, and the node excluded; not counted again."""
+
+    message: str
+    exclude: ExcludedNode
+
+
+@dataclass(frozen=True)
 class RestartedInPlace:
     """The ranks' supervisors restarted the gang's processes in place (``--max-restarts``, which the operator sets),
     ``count`` more times, ``seen`` in this attempt in all, the last because ``why``, as polled at ``at``: counted as
@@ -173,8 +182,8 @@ class StragglerRecovered:
 
 
 Transition = (
-    Create | Finish | Restart | RestartedInPlace | Rebuild | Suspend | Resume | Queue | Evict | Admit | Launch
-    | Rendezvous | Run | Wait | FlagStraggler | StragglerRecovered
+    Create | Finish | Restart | NodeLostUnder | RestartedInPlace | Rebuild | Suspend | Resume | Queue | Evict | Admit
+    | Launch | Rendezvous | Run | Wait | FlagStraggler | StragglerRecovered
 )  # fmt: skip
 
 
@@ -202,6 +211,13 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
             message = f"{cause}; restarting the gang as attempt {status.attempt} ({count})"
             status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
             return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
+        case NodeLostUnder(message=message, exclude=exclude):
+            kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
+            status = replace(status, excluded_nodes=(*kept, exclude))
+            restarting = status.condition(ConditionType.RESTARTING)
+            if restarting is not None and restarting.status:
+                status = status.with_condition(ConditionType.RESTARTING, True, Reason.NODE_LOST, message, now)
+            return status, (Event(Reason.NODE_LOST, message, warning=True),)
         case RestartedInPlace(count=count, seen=seen, why=why, backoff_limit=limit, at=at):
             restarts = status.restarts + count
             # The step went back to the checkpoint's: the progress deadline counts from the restart.

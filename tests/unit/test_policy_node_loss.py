@@ -177,3 +177,25 @@ def test_the_node_watch_says_which_nodes_are_bad_and_wakes_only_on_a_change() ->
     source.items = [node("a")]
     watch._list("")  # a came back, and b was deleted while the watch was down
     assert watch.health().lost == {"b": "the node was deleted"} and watch.health().sick == {}
+
+
+def test_a_restart_that_came_first_from_a_peers_failure_is_put_down_to_the_node_lost_under_it_once() -> None:
+    # A power cut: rank 1's processes die at once, rank 0's collective fails at once (a retryable failure, counted),
+    # and rank 1's node is marked NotReady only after the grace period, its pod still Running there.
+    c = on_nodes(2)
+    c.set(0, phase="Failed", exit_code=200)
+    restarted = plan(c.job, c.status, list(c.pods.values()), T0)
+    assert restarted.status.restarts == 1 and restarted.status.condition("Restarting").reason == "RetryableFailure"  # type: ignore[union-attr]
+    pods = [p for p in c.pods.values() if p.name == "train-1"]  # train-0 is gone; train-1 cannot confirm
+    lost = NodeHealth(lost={"node-1": "its Ready condition is Unknown"})
+    later = plan(c.job, restarted.status, pods, T0 + timedelta(seconds=12), nodes=lost)
+    restarting = later.status.condition("Restarting")
+    assert restarting is not None and restarting.reason == "NodeLost"
+    assert "node node-1 is lost" in restarting.message and "already counted" in restarting.message
+    assert later.status.restarts == 1, "counted once"
+    assert [e.name for e in later.status.excluded_nodes] == ["node-1"] and [e.reason for e in later.events] == [
+        "NodeLost"
+    ]
+    assert [x.name for x in later.force_delete_pods] == ["train-1"]
+    again = plan(c.job, later.status, pods, T0 + timedelta(seconds=13), nodes=lost)
+    assert [e.reason for e in again.events] == [] and again.status.restarts == 1

@@ -97,6 +97,20 @@ def decide(pods: Sequence[PodView], health: NodeHealth) -> Left | None:
     return None
 
 
+def under_last_attempt(
+    stale: Sequence[PodView], attempt: int, health: NodeHealth, excluded: Iterable[str]
+) -> Left | None:
+    """A pod of the attempt just before ``attempt`` on a lost node not yet excluded: the node was lost under that
+    attempt, whose restart came first. A power cut kills a rank's processes at once, and its peers' collectives fail
+    at once (a connection reset), while the node is marked NotReady only after the controller-manager's grace
+    period: the restart is then already counted, as a rank's failure, and the node's loss is its cause."""
+    known = set(excluded)
+    for pod in sorted(stale, key=lambda p: (p.rank is None, p.rank or 0)):
+        if pod.attempt == attempt - 1 and pod.node in health.lost and pod.node not in known:
+            return Left(pod, pod.node, health.lost[pod.node], True)
+    return None
+
+
 def force_delete(pods: Iterable[PodView], health: NodeHealth) -> tuple[PodView, ...]:
     """Of the pods to delete, or already being deleted, those on a lost node: with no grace period."""
     return tuple(p for p in pods if p.node and p.node in health.lost)
