@@ -103,6 +103,7 @@ class Box:
         taints: tuple[str, ...] = (),
         slots: int = DEFAULT_SLOTS,
         proxy: bool = True,
+        cuttable: bool = False,
     ) -> KubeletNode:
         """Start the box's node on first use: kubelet, containerd and runc, running the local base image and
         ``images`` (built locally, imported into its containerd), and only pods that tolerate ``taints``.
@@ -122,6 +123,7 @@ class Box:
                 taints=taints,
                 extended_resources={SLOT_RESOURCE: slots},
                 with_proxy=proxy,
+                cuttable=cuttable,
             )
             self.nodes_started += 1
             node.start()
@@ -153,7 +155,7 @@ class Box:
         other named ``box-node-<i>``, with its own kubelet, containerd, cgroup root, bridge and /24, no kube-proxy
         or CoreDNS of its own (the first one's serve the box), and a kubelet link a test can cut (``cut_network``).
         Pods on different nodes reach each other through the host's routes between the bridges."""
-        first = self.start_node(images=images, taints=taints, slots=slots, proxy=proxy)
+        first = self.start_node(images=images, taints=taints, slots=slots, proxy=proxy, cuttable=count > 1)
         while len(self.nodes) < count:
             index = len(self.nodes)
             node = KubeletNode(

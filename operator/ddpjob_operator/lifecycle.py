@@ -202,12 +202,16 @@ def plan(
 
 
 def _leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: node_loss.NodeHealth) -> dict[str, Any]:
-    """Pods on a lost node go with no grace period (those this plan deletes, and those deleted before and stuck
-    there); every pod made avoids the nodes the job excludes."""
-    forced = node_loss.force_delete([*the_plan.delete_pods, *(p for p in pods if p.terminating)], nodes)
+    """Pods on a lost node go with no grace period: those this plan deletes, those deleted before and stuck there,
+    and those of an earlier attempt that would wait to be restarted in place (their kubelet cannot). Every pod made
+    avoids the nodes the job excludes."""
+    attempt = the_plan.status.attempt
+    earlier = (p for p in pods if p.terminating or (p.attempt is not None and p.attempt < attempt))
+    forced = node_loss.force_delete(dict.fromkeys([*the_plan.delete_pods, *earlier]), nodes)
     names = {p.name for p in forced}
     return {
         "delete_pods": tuple(p for p in the_plan.delete_pods if p.name not in names),
+        "adopt_pods": tuple(p for p in the_plan.adopt_pods if p.name not in names),
         "force_delete_pods": forced,
         "avoid_nodes": tuple(e.name for e in the_plan.status.excluded_nodes),
     }

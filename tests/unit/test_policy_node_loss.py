@@ -199,3 +199,14 @@ def test_a_restart_that_came_first_from_a_peers_failure_is_put_down_to_the_node_
     assert [x.name for x in later.force_delete_pods] == ["train-1"]
     again = plan(c.job, later.status, pods, T0 + timedelta(seconds=13), nodes=lost)
     assert [e.reason for e in again.events] == [] and again.status.restarts == 1
+
+
+def test_a_pod_on_a_lost_node_is_not_left_waiting_to_be_restarted_in_place_by_a_kubelet_that_cannot() -> None:
+    # Seen on the box (a network cut): the lost node's pod waited out the in-place wait before it was deleted.
+    c = on_nodes(2)
+    for rank in range(2):
+        c.set(rank, in_place=True, trainer_running=True)
+    p = plan(c.job, c.status, list(c.pods.values()), T0, nodes=NodeHealth(lost={"node-1": "the node was deleted"}))
+    assert p.status.phase is Phase.RESTARTING
+    assert [x.name for x in p.force_delete_pods] == ["train-1"]
+    assert "train-1" not in [x.name for x in (*p.delete_pods, *p.adopt_pods)]
