@@ -39,7 +39,9 @@ from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.status import (
     Condition,
     ExcludedNode,
+    Failure,
     JobStatus,
+    MachineFault,
     Observation,
     PodView,
     observe,
@@ -447,10 +449,29 @@ def _failures(v: View) -> Transition | None:
         )
         return Restart(reason, cause, rp.backoff_limit, counted=False)
     if decision.restart:
-        return Restart(Reason.RETRYABLE, cause, rp.backoff_limit)
+        return _restart_for(v, decision.cause, cause)
     if decision.backoff_exceeded:
         return Finish(False, Reason.BACKOFF, f"{cause}; {_no_restarts_left(rp.backoff_limit)}")
     return Finish(False, Reason.NON_RETRYABLE, f"{cause}: not retryable under restartPolicy {rp.restart_policy.value}")
+
+
+def _restart_for(v: View, failure: Failure, cause: str) -> Restart:
+    """A rank's retryable failure: the gang restarts; when its exit points at its machine (policies.node_loss) for
+    the second time in a row, on the same node, it restarts off that node."""
+    rp = v.job.spec.run_policy
+    pod = v.obs.current.get(failure.rank)
+    node = pod.node if pod is not None else ""
+    why = node_loss.machine_fault(failure.exit_code, failure.message)
+    if not why or not node:
+        return Restart(Reason.RETRYABLE, cause, rp.backoff_limit)
+    fault = MachineFault(node, failure.rank, why)
+    last = v.status.machine_fault
+    if not node_loss.twice_on((last.node, last.rank) if last else None, node, failure.rank):
+        return Restart(Reason.RETRYABLE, cause, rp.backoff_limit, machine_fault=fault)
+    said = f"rank {failure.rank} failed twice in a row on node {node} with an exit that points at the machine ({why})"
+    excluded = ExcludedNode(node, Reason.NODE_UNHEALTHY.value, said, v.now)
+    return Restart(Reason.NODE_UNHEALTHY, f"{cause}; {said}: the next attempts avoid the node", rp.backoff_limit,
+                   exclude=excluded)  # fmt: skip
 
 
 def _restarted_in_place(v: View) -> Transition | None:

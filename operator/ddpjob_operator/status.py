@@ -414,6 +414,25 @@ class ExcludedNode:
         return tuple(kept)
 
 
+@dataclass(frozen=True)
+class MachineFault:
+    """The last restart's cause when it pointed at the machine (``policies.node_loss.machine_fault``): which rank,
+    on which node, and why. The same again, in a row, excludes the node."""
+
+    node: str
+    rank: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "why": self.why}
+
+    @staticmethod
+    def parse(raw: Any) -> MachineFault | None:
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("node"), str) or not isinstance(raw.get("rank"), int):
+            return None
+        return MachineFault(raw["node"], raw["rank"], str(raw.get("why") or ""))
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobStatus:
     """Everything the operator remembers about a job, plus the counts it last observed."""
@@ -438,6 +457,8 @@ class JobStatus:
     last_checkpoint: Checkpoint | None = None
     """The newest complete checkpoint any attempt's ranks reported (kept when their pods are gone)."""
     excluded_nodes: tuple[ExcludedNode, ...] = ()
+    machine_fault: MachineFault | None = None
+    """The last restart's cause, when a rank's exit pointed at its machine (SIGBUS, a CUDA or NCCL error)."""
     """Nodes the job's pods avoid (``policies.node_loss``), until each entry expires or a user removes it."""
 
     def condition(self, type_: ConditionType) -> Condition | None:
@@ -472,6 +493,7 @@ class JobStatus:
             "progress": self.progress.to_dict(running=self.phase is Phase.RUNNING) if self.progress else None,
             "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
             "excludedNodes": [e.to_dict() for e in self.excluded_nodes] or None,
+            "lastMachineFault": self.machine_fault.to_dict() if self.machine_fault else None,
         }
 
 
@@ -519,6 +541,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         progress=ProgressStatus.parse(status.get("progress")),
         last_checkpoint=Checkpoint.parse(status.get("lastCheckpoint")),
         excluded_nodes=ExcludedNode.parse(status.get("excludedNodes")),
+        machine_fault=MachineFault.parse(status.get("lastMachineFault")),
     )
 
 

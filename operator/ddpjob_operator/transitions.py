@@ -13,7 +13,7 @@ from datetime import datetime
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.events import Event
 from ddpjob_operator.progress import ProgressStatus
-from ddpjob_operator.status import ExcludedNode, JobStatus
+from ddpjob_operator.status import ExcludedNode, JobStatus, MachineFault
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class Restart:
     counted: bool = True
     exclude: ExcludedNode | None = None
     """A node the next attempts avoid (its rank was lost there, or the node is sick: ``policies.node_loss``)."""
+    machine_fault: MachineFault | None = None
+    """This restart's cause when it pointed at the machine (kept, to see the same again in a row); None clears it."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[Job
                                                             warning=not transition.succeeded),)  # fmt: skip
         case Restart(reason=reason, cause=cause, backoff_limit=limit, counted=counted, exclude=exclude):
             restarts = status.restarts + 1 if counted else status.restarts
-            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts)
+            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts,
+                             machine_fault=transition.machine_fault)  # fmt: skip
             if exclude is not None:
                 kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
                 status = replace(status, excluded_nodes=(*kept, exclude))

@@ -210,3 +210,37 @@ def test_a_pod_on_a_lost_node_is_not_left_waiting_to_be_restarted_in_place_by_a_
     assert p.status.phase is Phase.RESTARTING
     assert [x.name for x in p.force_delete_pods] == ["train-1"]
     assert "train-1" not in [x.name for x in (*p.delete_pods, *p.adopt_pods)]
+
+
+def test_a_rank_failing_twice_in_a_row_on_one_node_with_sigbus_restarts_the_gang_off_that_node() -> None:
+    c = on_nodes(2)
+    c.set(1, phase="Failed", exit_code=135)
+    first = plan(c.job, c.status, list(c.pods.values()), T0)
+    assert first.status.condition("Restarting").reason == "RetryableFailure"  # type: ignore[union-attr]
+    assert first.status.machine_fault is not None and first.status.excluded_nodes == ()
+    # The next attempt: rank 1 lands on the same node and fails the same way.
+    c.status = first.status
+    c.pods = {n: replace(p, attempt=1, phase="Running", exit_code=None) for n, p in c.pods.items()}
+    c.set(1, phase="Failed", exit_code=135)
+    second = plan(c.job, replace(c.status, phase=Phase.RUNNING), list(c.pods.values()), T0 + timedelta(seconds=60))
+    restarting = second.status.condition("Restarting")
+    assert restarting is not None and restarting.reason == "NodeUnhealthy"
+    assert "rank 1 failed twice in a row on node node-1" in restarting.message and "SIGBUS" in restarting.message
+    assert [(e.name, e.reason) for e in second.status.excluded_nodes] == [("node-1", "NodeUnhealthy")]
+    assert second.status.restarts == 2 and second.force_delete_pods == (), "its kubelet answers: no force"
+
+
+def test_a_machine_fault_then_another_cause_starts_the_count_again() -> None:
+    assert node_loss.machine_fault(135, "").startswith("SIGBUS")
+    assert node_loss.machine_fault(1, "RuntimeError: CUDA error: an illegal memory access") != ""
+    assert node_loss.machine_fault(1, "NCCL error: unhandled system error") != ""
+    assert node_loss.machine_fault(1, "ValueError: bad shape") == ""
+    c = on_nodes(2)
+    c.set(1, phase="Failed", exit_code=135)
+    first = plan(c.job, c.status, list(c.pods.values()), T0)
+    assert first.status.machine_fault is not None
+    c.pods = {n: replace(p, attempt=1, phase="Running", exit_code=None) for n, p in c.pods.items()}
+    c.set(1, phase="Failed", exit_code=200)  # a lost peer, say: nothing points at the machine
+    second = plan(c.job, replace(first.status, phase=Phase.RUNNING), list(c.pods.values()), T0 + timedelta(seconds=60))
+    assert second.status.condition("Restarting").reason == "RetryableFailure"  # type: ignore[union-attr]
+    assert second.status.machine_fault is None and second.status.excluded_nodes == ()

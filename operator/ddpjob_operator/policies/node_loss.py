@@ -111,6 +111,25 @@ def under_last_attempt(
     return None
 
 
+MACHINE_EXITS = {135: "SIGBUS (exit code 135): memory the machine could not read"}
+"""Exit codes that point at the machine rather than the program."""
+MACHINE_WORDS = ("CUDA error", "NCCL error", "uncorrectable ECC", "Xid", "DeviceError")
+"""Words of a rank's exit message that point at the machine: a CUDA or NCCL error, a GPU's ECC error or Xid."""
+
+
+def machine_fault(exit_code: int | None, message: str) -> str:
+    """Why a rank's exit points at its machine ("" when it does not)."""
+    if exit_code in MACHINE_EXITS:
+        return MACHINE_EXITS[exit_code]
+    said = next((w for w in MACHINE_WORDS if w.lower() in message.lower()), "")
+    return f"its exit message names a {said}" if said else ""
+
+
+def twice_on(last: tuple[str, int] | None, node: str, rank: int) -> bool:
+    """Whether the rank's machine fault on ``node`` is its second in a row there."""
+    return bool(node) and last == (node, rank)
+
+
 def force_delete(pods: Iterable[PodView], health: NodeHealth) -> tuple[PodView, ...]:
     """Of the pods to delete, or already being deleted, those on a lost node: with no grace period."""
     return tuple(p for p in pods if p.node and p.node in health.lost)

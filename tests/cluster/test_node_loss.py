@@ -1,0 +1,101 @@
+"""The operator against a real apiserver when a rank's node is lost: its node watch sees the Node's Ready condition go
+Unknown, the gang restarts at once with reason NodeLost, the lost node's pod is force-deleted (no kubelet there
+would ever confirm its deletion), the healthy node's pod is not, and the next attempt's pods avoid the node.
+
+No kubelet runs here: the test registers two Nodes and plays their kubelets (the pods' binding and status), as the
+other cluster tests play the ranks. What real kubelets and the node lifecycle controller do when a node loses power
+or its network is measured on the multi-node box by ``bench.node_loss``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import Operator
+from .helpers import Raw, job_body, wait_for
+
+pytestmark = pytest.mark.cluster
+
+TAINT = {"key": "ddpjob.dev/test-node", "effect": "NoSchedule"}
+"""Keeps every other test's pods off these Nodes: this test binds its own pods by hand."""
+
+
+def ready(status: str) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"status": {"conditions": [{"type": "Ready", "status": status, "reason": "KubeletReady" if status == "True"
+                                       else "NodeStatusUnknown", "lastHeartbeatTime": now,
+                                       "lastTransitionTime": now}]}}  # fmt: skip
+
+
+@pytest.fixture
+def nodes(raw: Raw) -> Iterator[list[str]]:
+    names = [f"n-{uuid.uuid4().hex[:6]}-{side}" for side in ("a", "b")]
+    for name in names:
+        raw.post("/api/v1/nodes", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                                   "spec": {"taints": [TAINT]}})  # fmt: skip
+        raw.merge(f"/api/v1/nodes/{name}/status", ready("True"))
+    try:
+        yield names
+    finally:
+        for name in names:
+            raw.delete(f"/api/v1/nodes/{name}")
+
+
+def bind(raw: Raw, ns: str, pod: str, node: str) -> None:
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod},
+        "target": {"kind": "Node", "name": node},
+    }
+    raw.post(f"/api/v1/namespaces/{ns}/pods/{pod}/binding", binding)
+
+
+def test_a_lost_nodes_rank_restarts_the_gang_at_once_and_only_its_pod_is_force_deleted(
+    raw: Raw, namespace: str, nodes: list[str], operator: Operator
+) -> None:
+    healthy, lost = nodes
+    raw.create_job(namespace, job_body("train", 2, gangScheduling="Disabled"))
+    wait_for(lambda: len(raw.pods(namespace, "train")) == 2, what="the job's two pods")
+    bind(raw, namespace, "train-0", healthy)
+    bind(raw, namespace, "train-1", lost)
+    raw.set_all(namespace, "train", "Running")
+    wait_for(lambda: raw.status(namespace, "train").get("phase") == "Running", what="the job to run",
+             seen=lambda: raw.status(namespace, "train"))  # fmt: skip
+
+    raw.merge(f"/api/v1/nodes/{lost}/status", ready("Unknown"))  # its kubelet stopped reporting
+
+    def restarted() -> dict[str, Any] | None:
+        status = raw.status(namespace, "train")
+        restarting = next((c for c in status.get("conditions") or [] if c["type"] == "Restarting"), {})
+        return status if restarting.get("reason") == "NodeLost" else None
+
+    status = wait_for(restarted, what="a NodeLost restart", seen=lambda: raw.status(namespace, "train"))
+    assert status["restarts"] == 1
+    restarting = next(c for c in status["conditions"] if c["type"] == "Restarting")
+    assert f"node {lost} is lost" in restarting["message"] and "rank 1's pod train-1" in restarting["message"]
+    assert [(e["name"], e["reason"]) for e in status["excludedNodes"]] == [(lost, "NodeLost")]
+    assert any(e["reason"] == "NodeLost" and e["type"] == "Warning" for e in raw.events(namespace, "train"))
+
+    # The lost node's pod is gone from the apiserver at once; the healthy node's waits for its kubelet.
+    pods = wait_for(lambda: (p := {x["metadata"]["name"]: x for x in raw.pods(namespace, "train")})
+                    and "train-1" not in p and p, what="the lost node's pod to be force-deleted")  # fmt: skip
+    assert pods["train-0"]["metadata"].get("deletionTimestamp"), "the healthy node's pod is being deleted"
+    assert pods["train-0"]["metadata"].get("deletionGracePeriodSeconds") != 0, "never force-deleted"
+
+    # Its kubelet confirms; the next attempt's pods avoid the lost node.
+    raw.delete(f"/api/v1/namespaces/{namespace}/pods/train-0", {"gracePeriodSeconds": 0})
+    made = wait_for(lambda: (p := raw.pods(namespace, "train")) and len(p) == 2
+                    and all(x["metadata"]["labels"]["ddpjob.dev/attempt"] == "1" for x in p) and p,
+                    what="the next attempt's pods")  # fmt: skip
+    for pod in made:
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}
+        ]
+    assert raw.status(namespace, "train")["restarts"] == 1, "counted once"
