@@ -1,7 +1,7 @@
 """Node loss on the multi-node box: a node under a running gang loses power or its network; how long until the gang
 trains again, elsewhere.
 
-    python -m bench.node_loss --trials 10                 # power cuts, then network cuts, of rank 1's node
+    python -m bench.node_loss --trials 10                 # power cuts, then network cuts
     python -m bench.node_loss --trials 1 --fault power     # one smoke trial
 
 The box has 3 real nodes (``Box(node_count=3)``: each its own kubelet and containerd) and a controller-manager with
@@ -11,7 +11,10 @@ hostname) and checkpoint to one ReadWriteMany claim (``box-shared``), cuts the n
 Running, and measures from the cut to the job Running again (every rank of the next attempt joined its process
 group: training resumes at once, from the newest checkpoint). It then checks what the operator promises: one
 restart, with reason NodeLost naming the node; the job Succeeded at its last step; no pod of the job left on the
-cut node once it is back. The node is brought back (power on, or the network healed) before the next trial.
+cut node once it is back; and, from every node's pod logs and the shared claim's files, that the cut node's old rank
+logged no step and wrote no checkpoint once the next attempt's first step was logged (the fence). The trials
+alternate the cut between rank 1's node and rank 0's (whose name is MASTER_ADDR). The node is brought back (power on,
+or the network healed) before the next trial.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +89,10 @@ def job_body(name: str, claim: str) -> dict[str, Any]:
 
 
 class Trial:
-    def __init__(self, box: Box, api: Any, namespace: str, index: int, fault: str) -> None:
+    def __init__(self, box: Box, api: Any, namespace: str, index: int, fault: str, rank: int = 1) -> None:
         from kubernetes import client
 
-        self.box, self.namespace, self.fault = box, namespace, fault
+        self.box, self.namespace, self.fault, self.rank = box, namespace, fault, rank
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.name, self.claim = f"loss-{index}", f"ckpt-{index}"
 
@@ -116,10 +121,12 @@ class Trial:
         )
         wait_until("the job to run", lambda: self.status().get("phase") == "Running", _deadline(300))
         wait_until("a checkpoint", lambda: (self.status().get("lastCheckpoint") or {}).get("step"), _deadline(120))
-        placed = {p.metadata.labels["ddpjob.dev/rank"]: p.spec.node_name for p in self.pods()}
-        victim = self.box.node_named(placed["1"])
-        log(f"{self.name}: ranks on {placed}; cutting {self.fault} of {victim.name}")
-        cut = time.monotonic()
+        pods = self.pods()
+        placed = {p.metadata.labels["ddpjob.dev/rank"]: p.spec.node_name for p in pods}
+        victim_uid = next(p.metadata.uid for p in pods if p.metadata.labels["ddpjob.dev/rank"] == str(self.rank))
+        victim = self.box.node_named(placed[str(self.rank)])
+        log(f"{self.name}: ranks on {placed}; cutting {self.fault} of {victim.name}, rank {self.rank}'s node")
+        cut, cut_at = time.monotonic(), time.time()
         victim.power_cut() if self.fault == "power" else victim.cut_network()
         try:
             wait_until(
@@ -139,6 +146,8 @@ class Trial:
                 lambda: (s := self.status()).get("phase") in ("Succeeded", "Failed") and s,
                 _deadline(600),
             )
+            # Read while the node is still cut: once back, its kubelet removes the deleted pods and their logs.
+            fence = self.fenced(victim_uid, cut_at)
         finally:
             victim.power_on() if self.fault == "power" else victim.heal_network()
         wait_until(
@@ -149,6 +158,7 @@ class Trial:
         restarting: dict[str, Any] = next((c for c in final.get("conditions") or [] if c["type"] == "Restarting"), {})
         return {
             "fault": self.fault,
+            "rank": self.rank,
             "node": victim.name,
             "seconds_to_training_again": round(again, 1),
             "phase": final.get("phase"),
@@ -158,6 +168,31 @@ class Trial:
             "step": (final.get("progress") or {}).get("step"),
             "excluded": {e.get("name"): e.get("reason") for e in final.get("excludedNodes") or []},
             "new_pods_on_cut_node_while_cut": left_running,
+            **fence,
+        }
+
+    def fenced(self, victim_uid: str, cut_at: float) -> dict[str, Any]:
+        """What the cut rank's old pod did after the next attempt's first step, from every node's pod logs (their CRI
+        timestamps) and the shared claim's files. The next attempt's lines are those of the other pods' log files
+        begun after the cut (new pods, and containers their kubelet restarted in place). ``old_after_new_began``:
+        the step and checkpoint lines the old pod logged from that first step on; ``files_not_written_by_new``: the
+        checkpoint files written from then on that no rank of the next attempt logged writing."""
+        lines = [
+            line for node in self.box.nodes for line in _pod_lines(node.layout.pod_logs, self.namespace, self.name)
+        ]
+        new = [(t, text) for t, uid, begun, text in lines if uid != victim_uid and begun >= cut_at]
+        began = min((t for t, text in new if "step=" in text), default=float("inf"))
+        old = [(t, text) for t, uid, _, text in lines if uid == victim_uid]
+        after = [text for t, text in old if t >= began and ("step=" in text or "checkpoint " in text)]
+        claim = self.core.read_namespaced_persistent_volume_claim(self.claim, self.namespace)
+        directory = Path(self.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+        logged = {text.rsplit("/", 1)[-1] for _, text in new if "checkpoint " in text}
+        written = [f.name for f in directory.glob("step-*.pt") if f.stat().st_mtime >= began]
+        return {
+            "next_attempt_began_after_cut_s": round(began - cut_at, 1) if began != float("inf") else None,
+            "old_lines": len(old),
+            "old_after_new_began": after,
+            "files_not_written_by_new": sorted(set(written) - logged),
         }
 
 
@@ -170,7 +205,30 @@ def kept_its_promises(trial: dict[str, Any]) -> bool:
         and trial["step"] == STEPS
         and trial["excluded"].get(trial["node"]) == "NodeLost"
         and not trial["new_pods_on_cut_node_while_cut"]
+        and trial["next_attempt_began_after_cut_s"] is not None
+        and not trial["old_after_new_began"]
+        and not trial["files_not_written_by_new"]
     )
+
+
+def _pod_lines(pod_logs: Path, namespace: str, job: str) -> Iterator[tuple[float, str, float, str]]:
+    """(time, pod uid, when its log file began, text) of each line the job's trainers logged on one node: the
+    kubelet's files are ``<namespace>_<pod>_<uid>/<container>/<restarts>.log``, each line ``<RFC 3339 time>
+    <stream> <tag> <text>``."""
+    for pod_dir in pod_logs.glob(f"{namespace}_{job}-*_*"):
+        uid = pod_dir.name.rsplit("_", 1)[-1]
+        for path in sorted(pod_dir.glob("trainer/*.log")):
+            parsed = [_cri_line(line) for line in path.read_text(errors="replace").splitlines() if line]
+            for t, text in parsed:
+                yield t, uid, parsed[0][0], text
+
+
+def _cri_line(line: str) -> tuple[float, str]:
+    """Seconds since the epoch and text of one CRI log line (its nanoseconds cut to microseconds)."""
+    stamp, _, rest = line.partition(" ")
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    when = datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
+    return when, rest.split(" ", 2)[-1]
 
 
 def _deadline(seconds: float) -> Any:
@@ -214,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 index = 0
                 for fault in faults:
                     for _ in range(args.trials):
-                        result = Trial(box, api, namespace, index, fault).run()
+                        result = Trial(box, api, namespace, index, fault, rank=index % 2).run()
                         log(json.dumps(result))
                         trials.append(result)
                         index += 1

@@ -29,6 +29,11 @@ ENV_PET_MASTER_ADDR = "PET_MASTER_ADDR"
 ENV_PET_MASTER_PORT = "PET_MASTER_PORT"
 ENV_JOB_NAME = "DDPJOB_NAME"
 ENV_ATTEMPT = "DDPJOB_ATTEMPT"
+ENV_RANK_ADDR = "DDPJOB_RANK_ADDR"
+"""The rank's name through the job's headless Service (``<job>-<rank>.<job>``): while it resolves to this pod, the
+process is its rank; once it resolves to another pod, a newer attempt holds the rank (the trainer's fence)."""
+ENV_POD_IPS = "DDPJOB_POD_IPS"
+"""The pod's addresses, comma-separated (the downward API's ``status.podIPs``)."""
 ENV_CHECKPOINT_DIR = "CHECKPOINT_DIR"
 ENV_METRICS_PORT = "METRICS_PORT"
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
@@ -54,6 +59,7 @@ TORCHRUN_ENV: tuple[str, ...] = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_M
 RESERVED_ENV: tuple[str, ...] = (
     ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_WORLD_SIZE, ENV_RANK, ENV_LOCAL_RANK,
     ENV_PET_NNODES, ENV_PET_NPROC_PER_NODE, ENV_PET_NODE_RANK, ENV_PET_MASTER_ADDR, ENV_PET_MASTER_PORT,
-    ENV_JOB_NAME, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_METRICS_PORT, ENV_PYTHONUNBUFFERED,
+    ENV_JOB_NAME, ENV_ATTEMPT, ENV_RANK_ADDR, ENV_POD_IPS, ENV_CHECKPOINT_DIR, ENV_METRICS_PORT,
+    ENV_PYTHONUNBUFFERED,
 )  # fmt: skip
 """Set by the operator; the CRD refuses a template that sets them."""

@@ -30,8 +30,10 @@ from ddpjob_contract.pods import (
     ENV_PET_NNODES,
     ENV_PET_NODE_RANK,
     ENV_PET_NPROC_PER_NODE,
+    ENV_POD_IPS,
     ENV_PYTHONUNBUFFERED,
     ENV_RANK,
+    ENV_RANK_ADDR,
     ENV_TERMINATION_GRACE_SECONDS,
     ENV_TERMINATION_MESSAGE_PATH,
     ENV_WORLD_SIZE,
@@ -222,6 +224,9 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, 
         {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path},
         {"name": ENV_TERMINATION_GRACE_SECONDS, "value": str(grace)},
         {"name": ENV_MAX_RESTARTS, "value": str(restarts_left)},
+        # The trainer's fence: it is its rank while this name resolves to this pod (ddp_trainer.fence).
+        {"name": ENV_RANK_ADDR, "value": f"{pod_name(job.name, rank)}.{job.name}"},
+        {"name": ENV_POD_IPS, "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
         *(trainer.get("env") or []),
     ]
     # Named ports are how scrapers find the trainer's metrics (the chart's PodMonitor, the box's Prometheus).

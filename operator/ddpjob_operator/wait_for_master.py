@@ -18,11 +18,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddpjob_contract.pods import ENV_MASTER_ADDR, ENV_MASTER_PORT
+from ddpjob_contract.pods import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_POD_IPS
 from ddpjob_operator import api
 from ddpjob_operator.api import Job
 
-ENV_POD_IPS = "DDPJOB_POD_IPS"
 ENV_WAIT_SECONDS = "DDPJOB_WAIT_SECONDS"
 
 # Exits 0 when the master is ready; otherwise prints why not and exits 1. No single quotes: it is passed

@@ -9,6 +9,7 @@ or its network is measured on the multi-node box by ``bench.node_loss``.
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,12 +18,16 @@ from typing import Any
 import pytest
 
 from .conftest import Operator
-from .helpers import Raw, job_body, wait_for
+from .helpers import TRAINER, Raw, job_body, wait_for
 
 pytestmark = pytest.mark.cluster
 
 TAINT = {"key": "ddpjob.dev/test-node", "effect": "NoSchedule"}
 """Keeps every other test's pods off these Nodes: this test binds its own pods by hand."""
+
+NOWHERE = {"ddpjob.dev/test-node": "bound-by-hand"}
+"""A node selector that no node matches, so that the scheduler leaves the test's pods to it (the box has a real node
+that would take them first)."""
 
 
 def ready(status: str) -> dict[str, Any]:
@@ -60,7 +65,8 @@ def test_a_lost_nodes_rank_restarts_the_gang_at_once_and_only_its_pod_is_force_d
     raw: Raw, namespace: str, nodes: list[str], operator: Operator
 ) -> None:
     healthy, lost = nodes
-    raw.create_job(namespace, job_body("train", 2, gangScheduling="Disabled"))
+    template = {"spec": {"containers": [copy.deepcopy(TRAINER)], "nodeSelector": NOWHERE}}
+    raw.create_job(namespace, job_body("train", 2, gangScheduling="Disabled", template=template))
     wait_for(lambda: len(raw.pods(namespace, "train")) == 2, what="the job's two pods")
     bind(raw, namespace, "train-0", healthy)
     bind(raw, namespace, "train-1", lost)

@@ -52,7 +52,7 @@ SINGLE = {
     "PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-0.train",
     "PET_MASTER_PORT": "29500", "DDPJOB_NAME": "train", "DDPJOB_ATTEMPT": "4", "METRICS_PORT": "9090",
     "PYTHONUNBUFFERED": "1", "TERMINATION_MESSAGE_PATH": "/dev/termination-log", "TERMINATION_GRACE_SECONDS": "30",
-    "MAX_RESTARTS": "0",
+    "MAX_RESTARTS": "0", "DDPJOB_RANK_ADDR": "train-1.train", "DDPJOB_POD_IPS": "",
 }  # fmt: skip
 # Four processes per pod: torchrun sets RANK/LOCAL_RANK; WORLD_SIZE counts processes.
 MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
@@ -64,6 +64,8 @@ MULTI = {k: v for k, v in SINGLE.items() if k not in ("RANK", "LOCAL_RANK")} | {
 def test_the_trainer_gets_the_rendezvous_environment(nproc: int, expected: dict[str, str]) -> None:
     pod = builders.pod(job("train", 3, nprocPerNode=nproc), rank=1, attempt=4, gang=False)
     assert env_of(pod) == expected
+    pod_ips = {"name": "DDPJOB_POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}}
+    assert pod_ips in pod["spec"]["containers"][0]["env"], "the trainer's fence: its own addresses"
 
 
 def test_the_grace_period_is_kubernetes_default_until_a_save_is_measured_then_fits_a_step_and_two_saves() -> None:

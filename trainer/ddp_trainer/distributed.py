@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.config import DistConfig
 from ddp_trainer.errors import ConfigError, RetryableError
+from ddp_trainer.fence import Fence, Unfenced, for_rank
 from ddp_trainer.launch import Launch
 
 # Fragments of the messages gloo raises as plain RuntimeErrors when a peer disappears ("Read error
@@ -74,6 +75,8 @@ class Dist:
     device: torch.device
     backend: str
     """nccl, gloo, or none when running alone."""
+    fence: Fence
+    """Whether this process is still its rank (checked before rank 0 writes a checkpoint)."""
     host_group: Any = None
     """A gloo group for small votes on the CPU (``max_async``): the default group where that is gloo already; with
     NCCL, a gloo group of its own, so a vote never waits on the GPU's stream."""
@@ -154,8 +157,12 @@ def setup(launch: Launch, cfg: DistConfig) -> Dist:
         )
     device = pick_device(launch)
     if not launch.distributed:
-        return Dist(launch=launch, device=device, backend="none")
+        return Dist(launch=launch, device=device, backend="none", fence=Unfenced())
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # A process of an earlier attempt (its pod deleted on a node cut off from the apiserver) never joins in the
+    # place of the rank's current pod.
+    rank_fence = for_rank(launch.rank_addr, launch.pod_ips, launch.rank)
+    rank_fence.wait_until_current(cfg.pg_timeout_seconds)
     dist.init_process_group(
         backend=backend,
         # env:// rather than tcp://: under torchrun it reuses the agent's store on MASTER_PORT.
@@ -166,7 +173,7 @@ def setup(launch: Launch, cfg: DistConfig) -> Dist:
         device_id=device if backend == "nccl" else None,
     )
     host_group = dist.new_group(backend="gloo") if backend == "nccl" else None  # None: the default group
-    return Dist(launch=launch, device=device, backend=backend, host_group=host_group)
+    return Dist(launch=launch, device=device, backend=backend, fence=rank_fence, host_group=host_group)
 
 
 def wrap(model: nn.Module, d: Dist, cfg: DistConfig) -> tuple[nn.Module, DistributedDataParallel | None]:

@@ -2,7 +2,9 @@
 
 Torchrun and the DDPJob operator both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT. With none of them set the trainer runs alone, without a process group. A process that torchrun's
-agent or the trainer's own supervisor restarted in place also has TORCHELASTIC_RESTART_COUNT. Torch-free.
+agent or the trainer's own supervisor restarted in place also has TORCHELASTIC_RESTART_COUNT. Under the DDPJob
+operator, DDPJOB_RANK_ADDR and DDPJOB_POD_IPS say how to tell that this process is still its rank (``fence``).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from ddpjob_contract.pods import (
     ENV_LOCAL_RANK,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_POD_IPS,
     ENV_RANK,
+    ENV_RANK_ADDR,
     ENV_RESTART_COUNT,
     ENV_RESTART_REASON,
     ENV_WORLD_SIZE,
@@ -36,6 +40,10 @@ class Launch:
     under_agent: bool = False
     """Started by a launcher that restarts it in place (torchrun's agent, the trainer's supervisor): it must not
     supervise itself."""
+    rank_addr: str = ""
+    """The name its peers know this rank by (DDPJOB_RANK_ADDR, from the DDPJob operator; ``fence``)."""
+    pod_ips: str = ""
+    """This pod's addresses, comma-separated (DDPJOB_POD_IPS, from the DDPJob operator; ``fence``)."""
 
     @property
     def distributed(self) -> bool:
@@ -64,6 +72,8 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
         restart_count=restarts,
         restart_reason=environ.get(ENV_RESTART_REASON, ""),
         under_agent=bool(environ.get(ENV_RESTART_COUNT)),
+        rank_addr=environ.get(ENV_RANK_ADDR, ""),
+        pod_ips=environ.get(ENV_POD_IPS, ""),
     )
     if not environ.get(ENV_WORLD_SIZE):
         return alone

@@ -37,7 +37,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from ddp_trainer import gang
+from ddp_trainer import fence, gang
 from ddp_trainer.launch import Launch
 from ddpjob_contract import exits
 from ddpjob_contract.pods import ENV_RESTART_COUNT, ENV_RESTART_REASON
@@ -229,6 +229,13 @@ def supervise(argv: Sequence[str], launch: Launch, max_restarts: int, connect_ti
     multiprocessing.forkserver.ensure_running()  # it imports while this process sets up the gang
     the_gang: gang.Gang = gang.Alone()
     if launch.distributed:
+        # A supervisor of an earlier attempt (its pod deleted on a node cut off from the apiserver) never joins
+        # the gang, where its end would stop the current gang's restarts in place.
+        try:
+            fence.for_rank(launch.rank_addr, launch.pod_ips, launch.rank).wait_until_current(connect_timeout)
+        except fence.Fenced as err:
+            print(f"ddp_trainer: {err}", file=sys.stderr, flush=True)
+            return exits.EXIT_PERMANENT
         port = launch.master_port + gang.STORE_PORT_OFFSET
         if launch.rank == 0:
             gang.Server(port)  # serves from its own threads for the life of the process

@@ -369,6 +369,7 @@ def _maybe_checkpoint(
     saved_at = time.time()
     rngs = d.gather(checkpoint.rng_state(d.device))  # collective: every rank takes part
     if d.is_main:
+        d.fence.confirm(f"write the checkpoint of step {pos.step}")
         state = {
             "format": checkpoint.FORMAT,
             "step": pos.step,
