@@ -129,8 +129,8 @@ class DnsFence:
 
     def _fenced(self, why: str, seconds: float) -> str:
         return (
-            f"fenced: {self.name} {why} after {seconds:.0f} s, while this pod is {', '.join(sorted(self.own))}: another pod "
-            f"holds rank {self.rank}, or this pod was deleted; this process does not join the gang"
+            f"fenced: {self.name} {why} after {seconds:.0f} s, while this pod is {', '.join(sorted(self.own))}: "
+            f"another pod holds rank {self.rank}, or this pod was deleted; this process does not join the gang"
         )
 
 
