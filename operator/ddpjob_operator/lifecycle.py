@@ -595,12 +595,21 @@ def _why_not_started(v: View) -> tuple[Reason, str] | None:
     replicas = v.job.spec.replicas
     rank, pod = waiting[0]
     if v.placement is gang.Placement.GANG:
-        return Reason.UNSCHEDULABLE, gang.unplaced(replicas, [p.unschedulable for _, p in waiting])
+        return Reason.UNSCHEDULABLE, gang.unplaced(replicas, [p.unschedulable for _, p in waiting]) + _excluding(v)
     placed = sum(bool(p.node) for _, p in current)
     return Reason.UNSCHEDULABLE, (
         f"{placed} of {replicas} pods are placed (one by one, holding their resources); rank {rank} (pod {pod.name}) "
-        f"cannot be: {pod.unschedulable}"
+        f"cannot be: {pod.unschedulable}{_excluding(v)}"
     )
+
+
+def _excluding(v: View) -> str:
+    """What an unplaced gang's line adds when the job keeps its pods off some nodes (``status.excludedNodes``)."""
+    excluded = v.status.excluded_nodes
+    if not excluded:
+        return ""
+    nodes = ", ".join(f"{e.name} ({e.reason})" for e in excluded)
+    return f"; this job excludes {nodes} until they expire or are removed from status.excludedNodes"
 
 
 def _phase(v: View) -> Transition | None:

@@ -18,7 +18,7 @@ from ddpjob_operator.policies.node_loss import NodeHealth
 from ddpjob_operator.status import ExcludedNode, parse_status
 
 from .factories import job
-from .test_lifecycle import T0, running
+from .test_lifecycle import T0, FakeCluster, running
 
 
 def node(name: str, ready: str = "True", taints: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -244,3 +244,19 @@ def test_a_machine_fault_then_another_cause_starts_the_count_again() -> None:
     second = plan(c.job, replace(first.status, phase=Phase.RUNNING), list(c.pods.values()), T0 + timedelta(seconds=60))
     assert second.status.condition("Restarting").reason == "RetryableFailure"  # type: ignore[union-attr]
     assert second.status.machine_fault is None and second.status.excluded_nodes == ()
+
+
+def test_a_gang_with_nowhere_left_to_run_says_so_with_the_nodes_it_excludes_in_its_one_line() -> None:
+    c = FakeCluster(job(replicas=2))
+    entry = ExcludedNode("node-1", "NodeLost", "its Ready condition is Unknown", T0)
+    c.status = replace(c.status, excluded_nodes=(entry,))
+    c.settle()
+    c.set(0, node="node-0")
+    c.set(1, node="", unschedulable="0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.")
+    p = c.step()
+    status, reason, message = c.condition("Running")
+    assert c.status.phase is Phase.PENDING and (status, reason) == (False, "Unschedulable")
+    assert "didn't match Pod's node affinity/selector" in message and "\n" not in message
+    assert message.endswith("; this job excludes node-1 (NodeLost) until they expire or are removed from "
+                            "status.excludedNodes")  # fmt: skip
+    assert [e.reason for e in p.events] == ["Unschedulable"]
