@@ -5,6 +5,7 @@
     python -m bench.chaos --replay 1:37             # run 37 of seed 1 again, alone
     python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
     python -m bench.chaos --runs 40 --kueue         # Kueue in the box, every job queued, two more faults
+    python -m bench.chaos --runs 40 --nodes 3 --parallel 4   # 3 real nodes, and node faults
 
 The box with its node, the trainer image, and the operator as its own process, watching one namespace
 per run going on at once (the chart's namespaced mode). Each run creates a 2-rank tinycnn DDPJob that
@@ -38,6 +39,13 @@ high-priority job that needs the 2 slots: Kueue must evict the run's job, which 
 which must still end Succeeded at the last step with no restart counted) and ``restart-kueue`` (Kueue's manager
 killed, then ready again; its webhooks refuse pods meanwhile). A deleted job's Workload must go too.
 
+With ``--nodes N``, the box has N real nodes (the controller-manager's node-monitor grace period at 10 s), the
+checkpoints go to a ReadWriteMany claim, and two faults join the draw: ``power-cut`` and ``network-cut`` of the node
+that runs one of the run's ranks. The node comes back once the job runs again in a later attempt (at most 120 s
+later), after a drawn 0-20 s more; one node is down at a time. The cut costs the run's job exactly one restart. A
+cut also hits every other run's job with a live rank on that node: each such hit may cost that job one restart
+more (one, or none when the cut merged into a restart already under way), and it is checked as a range.
+
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
 timeline, the job's Events, the operator's log tail, the box's audit lines for the job's pods, Service
 and PodGroups (who removed what, and when), the runs that went on beside it, and names the command that
@@ -67,6 +75,7 @@ from typing import Any
 from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, table, wait_until, write_results
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
+from ddpjob_box.provisioner import SHARED_STORAGE_CLASS
 from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT
 from ddpjob_contract.status import Reason
@@ -100,6 +109,15 @@ SPARELESS_EVERY = 8
 BackoffLimitExceeded instead."""
 FAULTS = (*RESTARTING, *BOX_FAULTS, "suspend-resume", "spec-edit", *ENDING)
 KUEUE_FAULTS = ("preempt", "restart-kueue")
+NODE_FAULTS = ("power-cut", "network-cut")
+"""With --nodes N (N > 1): the node of one of the run's ranks loses its power or its network, and comes back once
+the job runs again elsewhere (or after NODE_DOWN_SECONDS). One restart, NodeLost, for the run's job; any other run's
+job with a live rank there restarts too, counted as a restart it may have (``Run.node_hits``). One node is down at
+a time."""
+NODE_DOWN_SECONDS = 120
+"""The longest a cut node stays down."""
+NODE_GRACE = ("--node-monitor-grace-period=10s", "--node-monitor-period=2s")
+"""The controller-manager's, with several nodes (as bench.node_loss, and as kind or kubeadm users shorten it)."""
 """With --kueue: a high-priority job takes the run's quota (Kueue evicts the run's job, which must resume from its
 checkpoint once the other is done, with no restart counted), and Kueue's manager killed and started again."""
 QUEUE, LOW, HIGH = "user-queue", "low-priority", "high-priority"
@@ -134,6 +152,8 @@ class Run:
     PodGroups (a finalizer's removal), that the apiserver answered: when, who, which."""
     alongside: list[int] = field(default_factory=list)
     """The runs of the same seed that went on at some moment of this one."""
+    node_hits: int = 0
+    """Other runs' node cuts under a live rank of this run's job: each may cost it one restart more."""
 
     @property
     def replay(self) -> str:
@@ -189,6 +209,11 @@ class Stack:
         from ddpjob_box.operator_process import OperatorProcess
 
         self.box, self.namespaces, self.workdir, self.kueue = box, list(namespaces), workdir, kueue
+        self.node_count = len(box.nodes)
+        self.node_hits: Counter[str] = Counter()
+        """Per job: the node cuts of other runs that found a live rank of it on the node."""
+        self._node_down = threading.Lock()
+        self._back: threading.Thread | None = None
         self.free: queue.Queue[str] = queue.Queue()
         for namespace in namespaces:
             self.free.put(namespace)
@@ -349,6 +374,71 @@ class Stack:
         time.sleep(pause)
         component.start()
 
+    def claim(self, job: JobRef) -> dict[str, Any]:
+        """The run's checkpoints' claim: on one node, the box's default class; on several, one that every node mounts
+        (ReadWriteMany), as a gang spread over nodes needs."""
+        spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        if self.node_count > 1:
+            spec |= {"accessModes": ["ReadWriteMany"], "storageClassName": SHARED_STORAGE_CLASS}
+        return {"metadata": {"name": job.claim}, "spec": spec}
+
+    def cut_node(self, job: JobRef, pod: str, fault: str, back_after: float) -> str:
+        """The power or the network of the node that runs ``pod`` cut; a thread brings it back once the job runs
+        again in a later attempt (or after NODE_DOWN_SECONDS), ``back_after`` seconds later. Every other job with a
+        live rank there is counted as hit."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            body = self.call(self.core.read_namespaced_pod, pod, job.namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            raise NotInjected(f"{pod} is gone (the job is restarting)") from None
+        if not body.spec.node_name:
+            raise NotInjected(f"{pod} is not on a node yet")
+        if not self._node_down.acquire(blocking=False):
+            raise NotInjected("another node is down")
+        node = self.box.node_named(body.spec.node_name)
+        attempt = int((status_now(self, job).get("attempt")) or 0)
+        try:
+            on_it = self.call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node.name}")
+            for other in on_it.items:
+                name = (other.metadata.labels or {}).get("ddpjob.dev/job-name")
+                if name and name != job.name and not other.metadata.deletion_timestamp:
+                    self.node_hits[name] += 1
+            node.power_cut() if fault == "power-cut" else node.cut_network()
+        except BaseException:
+            self._node_down.release()
+            raise
+        self._back = threading.Thread(target=self._bring_back, args=(node, fault, job, attempt, back_after),
+                                      daemon=True, name="chaos-node-back")  # fmt: skip
+        self._back.start()
+        return f"of {node.name}"
+
+    def _bring_back(self, node: Any, fault: str, job: JobRef, attempt: int, back_after: float) -> None:
+        try:
+            self._wait_for_the_next_attempt(job, attempt)
+            self._closing.wait(back_after)
+            node.power_on() if fault == "power-cut" else node.heal_network()
+            log(f"{node.name} back after its {fault}")
+        except Exception as err:  # the run that waits on the job says what went wrong; this says why the node did not
+            log(f"{node.name} was not brought back after its {fault}: {type(err).__name__}: {err}")
+        finally:
+            self._node_down.release()
+
+    def _wait_for_the_next_attempt(self, job: JobRef, attempt: int) -> None:
+        """Until the job runs in a later attempt, ends, or is gone; NODE_DOWN_SECONDS at most."""
+        deadline = time.monotonic() + NODE_DOWN_SECONDS
+        while time.monotonic() < deadline and not self._closing.is_set():
+            try:
+                now = status_now(self, job)
+            except Exception:  # gone (deleted with its namespace), or the box does not answer: the node comes back
+                return
+            again = int(now.get("attempt") or 0) > attempt and now.get("phase") == "Running"
+            if again or now.get("phase") in ("Succeeded", "Failed"):
+                return
+            time.sleep(1)
+
     def restart_kueue(self) -> None:
         """Kueue's manager killed (its pod deleted at once), and ready again: webhooks and visibility API."""
         self.box.kueue.kill()
@@ -356,6 +446,8 @@ class Stack:
 
     def close(self) -> None:
         self._closing.set()
+        if self._back is not None:
+            self._back.join()
         self._keeper.join()
         self.operator.stop()
         self.api.close()
@@ -514,7 +606,7 @@ def trainer_pid(stack: Stack, job: JobRef, pod: str, *, training: bool = True) -
         running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
         try:
             if running:
-                node = stack.box.node
+                node = stack.box.node_named(found.spec.node_name) if stack.node_count > 1 else stack.box.node
                 pid = node.training_pid if training else node.container_pid
                 return int(pid(running[0].container_id))
         except BoxError as err:
@@ -587,6 +679,8 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
             preempt(stack, job)
         case "restart-kueue":
             stack.box_fault(stack.restart_kueue)
+        case "power-cut" | "network-cut":
+            return stack.cut_node(job, pod, fault, back_after=rng.uniform(0.0, 20.0))
         case "delete-job":
             stack.delete_job(job)
         case "delete-namespace":
@@ -702,16 +796,18 @@ def names(seed: int, index: int, namespace: str) -> JobRef:
     return JobRef(namespace, f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}")
 
 
-def drawn(seed: int, index: int, *, kueue: bool = False) -> tuple[random.Random, list[str]]:
+def drawn(seed: int, index: int, *, kueue: bool = False, nodes: int = 1) -> tuple[random.Random, list[str]]:
     """A run's faults, in the order it injects them (a deletion last: it ends the run), and the generator
-    that goes on to draw their timing; ``kueue`` adds KUEUE_FAULTS to those drawn from."""
+    that goes on to draw their timing; ``kueue`` adds KUEUE_FAULTS to those drawn from, several ``nodes``
+    NODE_FAULTS."""
     rng = random.Random(f"{seed}:{index}")
-    faults = rng.sample((*FAULTS, *KUEUE_FAULTS) if kueue else FAULTS, rng.randint(1, 3))
+    kinds = (*FAULTS, *(KUEUE_FAULTS if kueue else ()), *(NODE_FAULTS if nodes > 1 else ()))
+    faults = rng.sample(kinds, rng.randint(1, 3))
     return rng, sorted(faults, key=lambda fault: fault in ENDING)
 
 
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
-    rng, faults = drawn(seed, index, kueue=stack.kueue)
+    rng, faults = drawn(seed, index, kueue=stack.kueue, nodes=stack.node_count)
     result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
     job = names(seed, index, namespace)
     started = time.monotonic()
@@ -723,12 +819,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     def said(what: str) -> None:
         result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
 
-    stack.call(
-        stack.core.create_namespaced_persistent_volume_claim,
-        job.namespace,
-        {"metadata": {"name": job.claim},
-         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
-    )  # fmt: skip
+    stack.call(stack.core.create_namespaced_persistent_volume_claim, job.namespace, stack.claim(job))
     stack.create_job(job, chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue))
     watchdog = Watchdog(stack, job)
     try:
@@ -758,7 +849,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
             said(f"{fault}{f' {note}' if note else ''} (attempt {attempt['attempt']})")
             if fault in ENDING:
                 deleted = fault
-            elif fault in RESTARTING:
+            elif fault in (*RESTARTING, *NODE_FAULTS):
                 after = wait("the restart", restarted_or_over(stack, job, int(attempt["attempt"])), 120)
                 same = int(after.get("attempt", 0)) == int(attempt["attempt"])
                 late = too_late(fault, after) if same and after.get("phase") == "Succeeded" else ""
@@ -786,6 +877,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         stack.core.list_namespaced_event, job.namespace, field_selector=f"involvedObject.name={job.name}"
     )
     result.events = [f"{e.reason}: {e.message}" for e in events.items]
+    result.node_hits = stack.node_hits.pop(job.name, 0)
     result.violations += ended_as_promised(stack, job, result, deleted)
     result.violations += stack.exits[exits:]
     operator_log = stack.operator_log()[logged:]
@@ -803,18 +895,22 @@ def outcome_as_promised(result: Run) -> list[str]:
     those were more than its backoffLimit, Failed with BackoffLimitExceeded after that many restarts."""
     if result.outcome not in ("Succeeded", "Failed"):
         return []  # deleted, or timed out (already a violation)
-    expected = sum(f in RESTARTING for f in result.faults if f not in result.skipped) + never_started(result.events)
+    costly = (*RESTARTING, *NODE_FAULTS)
+    expected = sum(f in costly for f in result.faults if f not in result.skipped) + never_started(result.events)
+    most = expected + result.node_hits  # another run's node cut may have hit this job too
     limit = result.backoff_limit
-    if expected > limit:
+    hit = f", {result.node_hits} other runs' node cuts under it" if result.node_hits else ""
+    if expected > limit or (most > limit and (result.outcome, result.reason) == ("Failed", Reason.BACKOFF)):
         if (result.outcome, result.reason) != ("Failed", Reason.BACKOFF):
             return [f"{result.outcome} ({result.reason}), expected Failed ({Reason.BACKOFF}): faults {result.faults} "
                     f"cost {expected} restarts, backoffLimit {limit}"]  # fmt: skip
         return [] if result.restarts == limit else [f"restarts {result.restarts}, expected {limit} before it failed"]
     violations = []
     if result.outcome == "Failed":
-        violations.append(f"the job failed ({result.reason}): faults {result.faults}, backoffLimit {limit}")
-    elif result.restarts != expected:
-        violations.append(f"restarts {result.restarts}, expected {expected} (faults {result.faults})")
+        violations.append(f"the job failed ({result.reason}): faults {result.faults}{hit}, backoffLimit {limit}")
+    elif not expected <= result.restarts <= most:
+        want = f"{expected}" if most == expected else f"{expected}-{most}"
+        violations.append(f"restarts {result.restarts}, expected {want} (faults {result.faults}{hit})")
     if result.outcome == "Succeeded" and result.step != STEPS:
         violations.append(f"final step {result.step}, expected {STEPS}")
     return violations
@@ -860,16 +956,23 @@ def log_excerpt(log_text: str, name: str, lines: int = 200, tail: int = 3000) ->
 
 
 @contextmanager
-def chaos_stack(parallel: int, kueue: bool = False) -> Iterator[Stack]:
-    """A box with its node and the trainer image, the CRD, a namespace per run going on at once, and the
-    operator, watching those namespaces (the chart's namespaced mode)."""
+def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1) -> Iterator[Stack]:
+    """A box with its ``nodes`` (the controller-manager's NODE_GRACE with several) and the trainer image, the CRD, a
+    namespace per run going on at once, and the operator, watching those namespaces (the chart's namespaced
+    mode)."""
     from bench.apiserver import Api
     from bench.operator_scale import apply_crd
     from ddpjob_box.box import Box
 
     with (
         tempfile.TemporaryDirectory(prefix="ddpjob-chaos-") as tmp,
-        Box(Path(tmp) / "box", with_prometheus=False, with_kueue=kueue) as box,
+        Box(
+            Path(tmp) / "box",
+            with_prometheus=False,
+            with_kueue=kueue,
+            node_count=nodes,
+            controller_manager_args=list(NODE_GRACE) if nodes > 1 else [],
+        ) as box,
     ):
         plane = box.plane
         assert plane is not None
@@ -955,7 +1058,7 @@ def summary(
     ``fired``: the points the armed operator exited at."""
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
-    kinds = (*FAULTS, *(k for k in KUEUE_FAULTS if drawn[k]))
+    kinds = (*FAULTS, *(k for k in (*KUEUE_FAULTS, *NODE_FAULTS) if drawn[k]))
     rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in kinds]
     head = table(["fault", "injected", "skipped or too late (the job or the rank had ended)"], rows)
     total = [[len(results), parallel, sum(bool(r.violations) for r in results),
@@ -985,6 +1088,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs going on at once, each with its own job")
     parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
     parser.add_argument("--kueue", action="store_true", help="Kueue in the box, every job queued, and its faults")
+    parser.add_argument("--nodes", type=int, default=1, help="real nodes in the box; more than 1 adds NODE_FAULTS")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     seed, runs, parallel = args.seed, list(range(args.runs)), args.parallel
@@ -994,7 +1098,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--replay {args.replay}: the runs must share one seed")
         seed, runs, parallel = pairs[0][0], [run for _, run in pairs], len(pairs)
     started = time.monotonic()
-    with chaos_stack(parallel, kueue=args.kueue) as stack:
+    with chaos_stack(parallel, kueue=args.kueue, nodes=args.nodes) as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
         assert stack.box.plane is not None
         restarted, fired = list(stack.box.plane.restarted), list(stack.fired)

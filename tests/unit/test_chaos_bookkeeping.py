@@ -248,3 +248,26 @@ def test_a_trainer_container_that_never_ran_is_charged_to_the_kubelet_restart_th
     event = f"RetryableFailure: {failure.describe()}; restarting the gang as attempt 2 (restart 2 of 5)"
     assert never_started([event]) == 1
     assert never_started(["RetryableFailure: rank 0 (pod j-0) exited with code 137"]) == 0
+
+
+def test_with_several_nodes_the_draw_adds_node_cuts_and_leaves_the_other_draws_alone() -> None:
+    from bench.chaos import NODE_FAULTS
+
+    assert {f for index in range(200) for f in drawn(1, index, nodes=3)[1]} == {*FAULTS, *NODE_FAULTS}
+    assert [drawn(5, i)[1] for i in range(20)] == [drawn(5, i, nodes=1)[1] for i in range(20)], "replays draw the same"
+
+
+def test_a_node_cut_costs_its_run_one_restart_and_another_runs_cut_under_it_may_cost_one_more() -> None:
+    def ended(restarts: int, faults: list[str], hits: int = 0, limit: int = 5, outcome: str = "Succeeded") -> list[str]:
+        reason = "BackoffLimitExceeded" if outcome == "Failed" else "AllRanksSucceeded"
+        run = Run(1, 3, faults, outcome=outcome, reason=reason, restarts=restarts, step=STEPS, backoff_limit=limit)
+        run.node_hits = hits
+        return outcome_as_promised(run)
+
+    assert ended(1, ["power-cut"]) == [] and ended(2, ["network-cut", "kill-rank"]) == []
+    [none] = ended(0, ["power-cut"])
+    assert "restarts 0, expected 1" in none
+    assert ended(0, ["restart-etcd"], hits=1) == [] and ended(1, ["restart-etcd"], hits=1) == []
+    [too_many] = ended(3, ["kill-rank"], hits=1)
+    assert "restarts 3, expected 1-2" in too_many and "1 other runs' node cuts under it" in too_many
+    assert ended(0, ["restart-etcd"], hits=1, limit=0, outcome="Failed") == [], "no restart to spare for the hit"
