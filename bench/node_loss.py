@@ -3,6 +3,7 @@ trains again, elsewhere.
 
     python -m bench.node_loss --trials 10                 # power cuts, then network cuts
     python -m bench.node_loss --trials 1 --fault power     # one smoke trial
+    python -m bench.node_loss --trials 2 --fault taint     # a node tainted unhealthy under a rank
 
 The box has 3 real nodes (``Box(node_count=3)``: each its own kubelet and containerd) and a controller-manager with
 ``--node-monitor-grace-period`` at ``--grace`` (kind and kubeadm users shorten it so; Kubernetes' default is 50 s).
@@ -39,6 +40,9 @@ from ddpjob_box.operator_process import OperatorProcess
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 STEPS = 400
 CRD = Path(__file__).resolve().parents[1] / "manifests" / "crd.yaml"
+UNHEALTHY = {"key": "ddpjob.dev/unhealthy", "effect": "NoSchedule"}
+"""A taint the operator honours by default (a GPU health checker's, say): the ``taint`` fault."""
+REASONS = {"power": "NodeLost", "network": "NodeLost", "taint": "NodeUnhealthy"}
 
 
 def job_body(name: str, claim: str) -> dict[str, Any]:
@@ -127,7 +131,7 @@ class Trial:
         victim = self.box.node_named(placed[str(self.rank)])
         log(f"{self.name}: ranks on {placed}; cutting {self.fault} of {victim.name}, rank {self.rank}'s node")
         cut, cut_at = time.monotonic(), time.time()
-        victim.power_cut() if self.fault == "power" else victim.cut_network()
+        self.cut(victim)
         try:
             wait_until(
                 "the next attempt to run",
@@ -149,7 +153,7 @@ class Trial:
             # Read while the node is still cut: once back, its kubelet removes the deleted pods and their logs.
             fence = self.fenced(victim_uid, cut_at)
         finally:
-            victim.power_on() if self.fault == "power" else victim.heal_network()
+            self.bring_back(victim)
         wait_until(
             "the cut node's pods to go",
             lambda: not [p for p in self.pods() if p.spec.node_name == victim.name],
@@ -170,6 +174,29 @@ class Trial:
             "new_pods_on_cut_node_while_cut": left_running,
             **fence,
         }
+
+    def cut(self, node: Any) -> None:
+        match self.fault:
+            case "power":
+                node.power_cut()
+            case "network":
+                node.cut_network()
+            case "taint":  # a health checker's verdict on a node that stays Ready
+                self.core.patch_node(node.name, {"spec": {"taints": [*self.taints(node), UNHEALTHY]}})
+
+    def bring_back(self, node: Any) -> None:
+        match self.fault:
+            case "power":
+                node.power_on()
+            case "network":
+                node.heal_network()
+            case "taint":
+                kept = [t for t in self.taints(node) if t["key"] != UNHEALTHY["key"]]
+                self.core.patch_node(node.name, {"spec": {"taints": kept or None}})
+
+    def taints(self, node: Any) -> list[dict[str, Any]]:
+        said = self.core.read_node(node.name).spec.taints or []
+        return [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v} for t in said]
 
     def fenced(self, victim_uid: str, cut_at: float) -> dict[str, Any]:
         """What the cut rank's old pod did after the next attempt's first step, from every node's pod logs (their CRI
@@ -197,13 +224,15 @@ class Trial:
 
 
 def kept_its_promises(trial: dict[str, Any]) -> bool:
-    """Succeeded at the last step, after one restart put down to the cut node (excluded as NodeLost), with no pod
-    of the job made on that node while it was cut."""
+    """Succeeded at the last step, after one restart put down to the cut node (NodeLost; NodeUnhealthy for a taint),
+    which the job excludes, with no pod of the job made on that node while it was cut, and nothing logged or written
+    by the cut rank's old pod once the next attempt trained."""
     return (
         trial["phase"] == "Succeeded"
         and trial["restarts"] == 1
         and trial["step"] == STEPS
-        and trial["excluded"].get(trial["node"]) == "NodeLost"
+        and trial["reason"] == REASONS[trial["fault"]]
+        and trial["excluded"].get(trial["node"]) == REASONS[trial["fault"]]
         and not trial["new_pods_on_cut_node_while_cut"]
         and trial["next_attempt_began_after_cut_s"] is not None
         and not trial["old_after_new_began"]
@@ -239,7 +268,7 @@ def _deadline(seconds: float) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.node_loss", description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10, help="trials per fault")
-    parser.add_argument("--fault", choices=("power", "network", "both"), default="both")
+    parser.add_argument("--fault", choices=("power", "network", "taint", "both"), default="both")
     parser.add_argument("--grace", default="10s", help="the controller-manager's --node-monitor-grace-period")
     args = parser.parse_args(argv)
     from kubernetes import config
