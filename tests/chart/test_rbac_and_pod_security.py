@@ -7,6 +7,7 @@ import copy
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,19 @@ def _served(crd: str) -> None:
     """`kubectl auth can-i` resolves ddpjobs.ddpjob.dev only while the CRD is served."""
 
 
-def _apply_rbac(cluster: Cluster, tmp_path: Path, release: str, namespace: str, *sets: str) -> Path:
-    """Apply the chart's ServiceAccount and RBAC, exactly as rendered; returns the file applied."""
+@contextmanager
+def _rbac(cluster: Cluster, tmp_path: Path, release: str, namespace: str, *sets: str) -> Iterator[None]:
+    """The chart's ServiceAccount and RBAC, applied exactly as rendered, and deleted after: its cluster-scoped objects
+    (the node reader) outlive the test's namespace."""
     shown = ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
     text = helm("template", release, str(CHART), "--namespace", namespace, *shown, *sets).stdout
     path = tmp_path / f"{release}-rbac.yaml"
     path.write_text(text)
-    kubectl(cluster.kubeconfig, "apply", "-f", str(path))
-    return path
+    try:
+        kubectl(cluster.kubeconfig, "apply", "-f", str(path))
+        yield
+    finally:
+        kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "-f", str(path), check=False)
 
 
 def _can(cluster: Cluster, account: str, verb: str, resource: str, *where: str) -> bool:
@@ -89,7 +95,11 @@ def other_namespace(api_client: Any) -> Iterator[str]:
 def test_in_namespaced_mode_the_operator_can_do_its_job_in_its_namespace_and_nothing_outside_it(
     cluster: Cluster, namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
-    _apply_rbac(cluster, tmp_path, "ddpjob", namespace)
+    with _rbac(cluster, tmp_path, "ddpjob", namespace):
+        _least_privilege(cluster, namespace, other_namespace)
+
+
+def _least_privilege(cluster: Cluster, namespace: str, other_namespace: str) -> None:
     sa = f"system:serviceaccount:{namespace}:ddpjob"
     missing = [(v, r, *x) for v, r, x in OPERATOR_NEEDS if not _can(cluster, sa, v, r, "-n", namespace, *x)]
     assert missing == [], "the chart's Role lacks what the operator does"
@@ -109,20 +119,19 @@ def test_watched_namespaces_get_the_operator_permissions_there_and_only_there(
     cluster: Cluster, namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     """The operator lives in `namespace` and watches only `other_namespace`."""
-    _apply_rbac(cluster, tmp_path, "ddpjob", namespace, "--set", f"watch.namespaces={{{other_namespace}}}")
-    sa = f"system:serviceaccount:{namespace}:ddpjob"
-    assert _can(cluster, sa, "create", "pods", "-n", other_namespace)
-    assert _can(cluster, sa, "update", "ddpjobs.ddpjob.dev", "-n", other_namespace, "--subresource=status")
-    assert not _can(cluster, sa, "create", "pods", "-n", namespace)
-    assert not _can(cluster, sa, "get", "secrets", "-n", other_namespace)
+    with _rbac(cluster, tmp_path, "ddpjob", namespace, "--set", f"watch.namespaces={{{other_namespace}}}"):
+        sa = f"system:serviceaccount:{namespace}:ddpjob"
+        assert _can(cluster, sa, "create", "pods", "-n", other_namespace)
+        assert _can(cluster, sa, "update", "ddpjobs.ddpjob.dev", "-n", other_namespace, "--subresource=status")
+        assert not _can(cluster, sa, "create", "pods", "-n", namespace)
+        assert not _can(cluster, sa, "get", "secrets", "-n", other_namespace)
 
 
 def test_in_cluster_wide_mode_the_operator_reaches_every_namespace_but_still_no_secrets(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     release = f"cw-{namespace}"  # cluster-scoped names must not collide between tests
-    applied = _apply_rbac(cluster, tmp_path, release, namespace, "--set", "watch.clusterWide=true")
-    try:
+    with _rbac(cluster, tmp_path, release, namespace, "--set", "watch.clusterWide=true"):
         sa = f"system:serviceaccount:{namespace}:{release}-ddpjob"
         for verb, resource, extra in OPERATOR_NEEDS:
             assert _can(cluster, sa, verb, resource, "-n", "default", *extra), f"{verb} {resource}"
@@ -132,8 +141,6 @@ def test_in_cluster_wide_mode_the_operator_reaches_every_namespace_but_still_no_
             assert not _can(cluster, sa, verb, resource, "--all-namespaces", *extra), f"{verb} {resource}"
         assert not _can(cluster, sa, "list", "namespaces")
         assert not _can(cluster, sa, "delete", "customresourcedefinitions.apiextensions.k8s.io")
-    finally:
-        kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "-f", str(applied), check=False)
 
 
 def _restricted(cluster: Cluster, namespace: str) -> None:

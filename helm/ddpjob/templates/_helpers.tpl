@@ -87,3 +87,11 @@ matchExpressions:
   - key: ddpjob.dev/job-name
     operator: Exists
 {{- end -}}
+
+{{/*
+The name of a cluster-scoped object of a release: its full name and namespace, so that releases of one name in two
+namespaces (namespaced mode, one operator per team) never claim the same ClusterRole.
+*/}}
+{{- define "ddpjob.clusterScopedName" -}}
+{{- printf "%s-%s" (include "ddpjob.fullname" .) .Release.Namespace | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
