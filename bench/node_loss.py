@@ -159,7 +159,8 @@ class Trial:
             lambda: not [p for p in self.pods() if p.spec.node_name == victim.name],
             _deadline(180),
         )
-        restarting: dict[str, Any] = next((c for c in final.get("conditions") or [] if c["type"] == "Restarting"), {})
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={self.name}")
+        said = [e for e in events.items if e.reason in REASONS.values() and victim.name in (e.message or "")]
         return {
             "fault": self.fault,
             "rank": self.rank,
@@ -167,8 +168,8 @@ class Trial:
             "seconds_to_training_again": round(again, 1),
             "phase": final.get("phase"),
             "restarts": final.get("restarts"),
-            "reason": restarting.get("reason"),
-            "message": restarting.get("message"),
+            "reason": said[0].reason if said else None,
+            "message": said[0].message if said else None,
             "step": (final.get("progress") or {}).get("step"),
             "excluded": {e.get("name"): e.get("reason") for e in final.get("excludedNodes") or []},
             "new_pods_on_cut_node_while_cut": left_running,
