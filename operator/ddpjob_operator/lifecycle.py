@@ -342,7 +342,8 @@ def _plan_for(
     exiting = _exit_grace_left(job, status, obs, now)  # woken when it is up (never in the past)
     restarting = status.condition(ConditionType.RESTARTING)
     since = restarting.last_transition_time if restarting and restarting.status else None
-    kept = in_place.sort(obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts)
+    wait = in_place.wait_seconds(restarting.reason if restarting else "")
+    kept = in_place.sort(obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts, wait)
     # Ranks made again beside ranks restarted in place join the gang already placed: no PodGroup of their own.
     gang_placed = as_gang and not any(p.adopted for p in obs.current.values())
     return Plan(

@@ -212,6 +212,19 @@ def test_a_pod_on_a_lost_node_is_not_left_waiting_to_be_restarted_in_place_by_a_
     assert "train-1" not in [x.name for x in (*p.delete_pods, *p.adopt_pods)]
 
 
+def test_a_rank_that_runs_on_when_its_peers_node_is_lost_is_deleted_at_once_not_waited_for() -> None:
+    # Seen on the box (a network cut): the healthy node's rank went on training with the cut one, which it still
+    # reached, until the in-place wait ran out: 10 s of the 35 from the cut to training again.
+    c = on_nodes(2)
+    for rank in range(2):
+        c.set(rank, in_place=True, trainer_running=True)
+    lost = NodeHealth(lost={"node-1": "its Ready condition is Unknown"})
+    first = plan(c.job, c.status, list(c.pods.values()), T0, nodes=lost)
+    later = plan(c.job, first.status, list(c.pods.values()), T0 + timedelta(seconds=1), nodes=lost)
+    assert [x.name for x in later.delete_pods] == ["train-0"], "deleted with its grace period, not force"
+    assert later.adopt_pods == () and later.requeue_after is not None
+
+
 def test_a_rank_failing_twice_in_a_row_on_one_node_with_sigbus_restarts_the_gang_off_that_node() -> None:
     c = on_nodes(2)
     c.set(1, phase="Failed", exit_code=135)

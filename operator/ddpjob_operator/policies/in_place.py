@@ -5,7 +5,8 @@ container of it, init containers first, when its trainer exits with a code the r
 node, IP, volumes and PodGroup. After the operator's Restart, such a pod of the last attempt is *adopted* into the
 new one (its attempt label moved, the exit that began it remembered) once its trainer has exited. A rank that has
 not exited within ``WAIT_SECONDS`` of the restart (blocked in a collective that a lost peer does not end, as NCCL
-can be) is deleted and made again, as is any pod that cannot be restarted in place: gone from its node, being
+can be) is deleted and made again (at once when the restart is put down to a lost node: ``wait_seconds``), as is any
+pod that cannot be restarted in place: gone from its node, being
 deleted, taken away by Kubernetes, ended for good, or built from an older spec.
 
 The last attempt that ``backoffLimit`` allows is never in place (``for_attempt``): its pods are made anew without the
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from ddpjob_contract.status import Reason
 from ddpjob_operator.api import InPlaceRestart, RestartPolicy, RunPolicy
 from ddpjob_operator.policies.restart import is_retryable
 from ddpjob_operator.status import Failure, PodView
@@ -80,13 +82,14 @@ def sort(
     since: datetime | None,
     now: datetime,
     restarts: int,
+    wait_seconds: float = WAIT_SECONDS,
 ) -> Sorted:
     """Sort the pods of earlier attempts for a gang restarted at ``since`` (None: not restarting) into an attempt
-    begun after ``restarts`` restarts."""
+    begun after ``restarts`` restarts, giving a rank still running ``wait_seconds`` to exit."""
     adopt: list[PodView] = []
     wait: list[PodView] = []
     delete: list[PodView] = []
-    waited = (now - since).total_seconds() if since is not None else WAIT_SECONDS
+    waited = (now - since).total_seconds() if since is not None else wait_seconds
     kept = since is not None and for_attempt(policy, restarts)
     for pod in stale:
         in_range = pod.rank is not None and 0 <= pod.rank < replicas
@@ -94,8 +97,15 @@ def sort(
             delete.append(pod)
         elif pod.exit_code is not None:
             adopt.append(pod)
-        elif waited < WAIT_SECONDS and pod.trainer_running:
+        elif waited < wait_seconds and pod.trainer_running:
             wait.append(pod)
         else:
             delete.append(pod)
-    return Sorted(tuple(adopt), tuple(wait), tuple(delete), WAIT_SECONDS - waited if wait else None)
+    return Sorted(tuple(adopt), tuple(wait), tuple(delete), wait_seconds - waited if wait else None)
+
+
+def wait_seconds(reason: str) -> float:
+    """How long a gang restart put down to ``reason`` waits for its running ranks to exit: none when a node was lost.
+    Its ranks there may run on behind a partition, still reaching the others, so nothing makes those exit: waiting
+    only delays the restart (10 s of the 35 a network cut took on the box, bench.node_loss)."""
+    return 0.0 if reason == Reason.NODE_LOST.value else WAIT_SECONDS
