@@ -374,6 +374,15 @@ class Stack:
         time.sleep(pause)
         component.start()
 
+    def restart_kubelet(self) -> None:
+        """The first node's kubelet restarted; not while a node is down (a power cut stops that kubelet itself)."""
+        if not self._node_down.acquire(blocking=False):
+            raise NotInjected("a node is down")
+        try:
+            self.box_fault(lambda: self.restart(self.box.node.kubelet))
+        finally:
+            self._node_down.release()
+
     def claim(self, job: JobRef) -> dict[str, Any]:
         """The run's checkpoints' claim: on one node, the box's default class; on several, one that every node mounts
         (ReadWriteMany), as a gang spread over nodes needs."""
@@ -648,7 +657,7 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
             stack.box_fault(lambda: stack.kill_operator(armed=point))
             return f"armed at {point}"
         case "restart-kubelet":
-            stack.box_fault(lambda: stack.restart(stack.box.node.kubelet))
+            stack.restart_kubelet()
         case "restart-apiserver":
             stack.box_fault(lambda: stack.restart(stack.component("kube-apiserver"), pause=2.0))
         case "restart-etcd":
