@@ -590,6 +590,11 @@ def too_late(fault: str, ended: dict[str, Any]) -> str:
     if fault == "hang-rank" and succeeded.get("reason") == Reason.STUCK_EXITING:
         # A peer exited 0 after the last barrier: the training was done, and the stopped rank was exiting.
         return f"the job Succeeded with the stopped rank stuck exiting ({succeeded.get('message')})"
+    if fault == "network-cut" and succeeded.get("reason") in (Reason.ALL_SUCCEEDED, Reason.STUCK_EXITING):
+        # Behind the cut the rank trains on: the job may end before its node is marked lost.
+        return f"the job Succeeded before the cut node was marked lost ({succeeded.get('reason')})"
+    if fault == "power-cut" and succeeded.get("reason") == Reason.ALL_SUCCEEDED:
+        return "every rank had exited 0 before the power cut"
     return ""  # a killed rank cannot exit 0; a stopped one that is not named stuck exiting should restart
 
 
