@@ -258,8 +258,10 @@ def test_kueue_killed_while_jobs_are_queued_and_admitted_loses_none_and_duplicat
     cluster: Cluster, kueue_cluster: KueueCluster
 ) -> None:
     args = ["--slow-seconds", "0.3", "--slow-rank", "0"]
-    for name in ("k1", "k2", "k3"):
-        cluster.create(queued_job(name, slots=2, steps=40, args=args))
+    # k1 trains for 30 s, so that it still runs, and holds the quota, through Kueue's stop and the 10 s after it (with
+    # 40 steps, a loaded machine once saw k1 end and k2 run to its end before the check).
+    for name, steps in (("k1", 100), ("k2", 40), ("k3", 40)):
+        cluster.create(queued_job(name, slots=2, steps=steps, args=args))
         time.sleep(1)
     wait_for("k1 to run", lambda: cluster.phase("k1") in ("Running", "Rendezvous"), 300)
     kueue_cluster.kueue.stop()
