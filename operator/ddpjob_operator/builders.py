@@ -54,9 +54,14 @@ def pod_name(job_name: str, rank: int) -> str:
     return f"{job_name}-{rank}"
 
 
+def rank_addr(job_name: str, rank: int) -> str:
+    """A rank's name through the headless Service; resolvable once its pod has an address."""
+    return f"{pod_name(job_name, rank)}.{job_name}"
+
+
 def master_addr(job_name: str) -> str:
-    """Rank 0's name through the headless Service; resolvable once rank 0 has an address."""
-    return f"{pod_name(job_name, 0)}.{job_name}"
+    """Rank 0's name: what every rank meets at."""
+    return rank_addr(job_name, 0)
 
 
 def selector(job_name: str) -> dict[str, str]:
@@ -225,7 +230,7 @@ def _set_up_trainer(job: Job, trainer: dict[str, Any], rank: int, attempt: int, 
         {"name": ENV_TERMINATION_GRACE_SECONDS, "value": str(grace)},
         {"name": ENV_MAX_RESTARTS, "value": str(restarts_left)},
         # The trainer's fence: it is its rank while this name resolves to this pod (ddp_trainer.fence).
-        {"name": ENV_RANK_ADDR, "value": f"{pod_name(job.name, rank)}.{job.name}"},
+        {"name": ENV_RANK_ADDR, "value": rank_addr(job.name, rank)},
         {"name": ENV_POD_IPS, "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
         *(trainer.get("env") or []),
     ]
