@@ -391,18 +391,22 @@ class Stack:
             spec |= {"accessModes": ["ReadWriteMany"], "storageClassName": SHARED_STORAGE_CLASS}
         return {"metadata": {"name": job.claim}, "spec": spec}
 
-    def cut_node(self, job: JobRef, pod: str, fault: str, back_after: float) -> str:
-        """The power or the network of the node that runs ``pod`` cut; a thread brings it back once the job runs
-        again in a later attempt (or after NODE_DOWN_SECONDS), ``back_after`` seconds later. Every other job with a
-        live rank there is counted as hit."""
+    def rank_pod(self, job: JobRef, pod: str) -> Any:
+        """The rank's pod as the apiserver has it; ``NotInjected`` when it is gone (the job is restarting)."""
         from kubernetes.client.rest import ApiException
 
         try:
-            body = self.call(self.core.read_namespaced_pod, pod, job.namespace)
+            return self.call(self.core.read_namespaced_pod, pod, job.namespace)
         except ApiException as err:
             if err.status != 404:
                 raise
             raise NotInjected(f"{pod} is gone (the job is restarting)") from None
+
+    def cut_node(self, job: JobRef, pod: str, fault: str, back_after: float) -> str:
+        """The power or the network of the node that runs ``pod`` cut; a thread brings it back once the job runs
+        again in a later attempt (or after NODE_DOWN_SECONDS), ``back_after`` seconds later. Every other job with a
+        live rank there is counted as hit."""
+        body = self.rank_pod(job, pod)
         if not body.spec.node_name:
             raise NotInjected(f"{pod} is not on a node yet")
         if not self._node_down.acquire(blocking=False):
@@ -605,18 +609,11 @@ class NotInjected(Exception):
 def trainer_pid(stack: Stack, job: JobRef, pod: str, *, training: bool = True) -> int:
     """The host PID of the rank's training process (``training``: the child its supervisor restarts in place, where
     there is one), or of its trainer container's first process."""
-    from kubernetes.client.rest import ApiException
-
     from ddpjob_box.errors import BoxError
 
     deadline = time.monotonic() + 15
     while True:
-        try:
-            found = stack.call(stack.core.read_namespaced_pod, pod, job.namespace)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            raise NotInjected(f"{pod} is gone (the job is restarting)") from None
+        found = stack.rank_pod(job, pod)
         running = [s for s in found.status.container_statuses or [] if s.name == "trainer" and s.state.running]
         try:
             if running:
