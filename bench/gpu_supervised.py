@@ -2,6 +2,7 @@
 starts each rank (``inPlaceRestart: Auto``: MAX_RESTARTS set), on one GPU with NCCL at world size 1.
 
     python -m bench.gpu_supervised                  # needs a GPU: about 3 minutes on an H200
+    # on a device without the venv: PYTHONPATH=$PWD/trainer:$PWD/contract:$PWD/box:$PWD python3 -m bench.gpu_supervised
     python -m bench.gpu_supervised --device cpu     # the CPU smoke run (tinycnn, gloo; tests/bench)
 
 Two parts:
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from bench.common import REPO, RESULTS_DIR, hermetic_environ, log, machine, table, write_results
+from ddpjob_box.ports import free_port
 
 NAME = "gpu_supervised"
 MANIFEST = REPO / "manifests" / "resnet50-ddp.yaml"
@@ -63,20 +64,27 @@ def with_args(args: Sequence[str], **overrides: str | None) -> list[str]:
         name = arg.split("=", 1)[0].removeprefix("--").replace("-", "_")
         if name in overrides:
             seen.add(name)
-            if (value := overrides[name]) is not None:
-                out.append(f"--{name.replace('_', '-')}={value}" if value != "" else f"--{name.replace('_', '-')}")
+            out += _flag(name, overrides[name])
             continue
         out.append(arg)
     for name, value in overrides.items():
-        if name not in seen and value is not None:
-            out.append(f"--{name.replace('_', '-')}={value}" if value != "" else f"--{name.replace('_', '-')}")
+        if name not in seen:
+            out += _flag(name, value)
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _flag(name: str, value: str | None) -> list[str]:
+    """``--name=value``, ``--name`` for "", nothing for None."""
+    if value is None:
+        return []
+    flag = f"--{name.replace('_', '-')}"
+    return [f"{flag}={value}" if value != "" else flag]
+
+
+def exit_message(scratch: Path) -> str:
+    """What the trainer left at its TERMINATION_MESSAGE_PATH (``rank_env``)."""
+    path = scratch / "message"
+    return path.read_text() if path.exists() else ""
 
 
 def rank_env(scratch: Path, base: dict[str, str], *, max_restarts: int) -> dict[str, str]:
@@ -133,7 +141,7 @@ def killed_child(args: list[str], base: dict[str, str], *, steps: int, interval:
         env = rank_env(scratch, base, max_restarts=3)
         run = Lines(trainer_command() + run_args, env)
         code = run.wait(timeout=900)
-        message = (scratch / "message").read_text() if (scratch / "message").exists() else ""
+        message = exit_message(scratch)
         saved = sorted(p.name for p in (scratch / "ckpt").glob("step-*.pt"))
     output = "\n".join(line for _, line in run.lines)
     killed = run.first(f"--crash-at-step {crash}: killing rank 0")
@@ -169,7 +177,7 @@ def throughput(args: list[str], base: dict[str, str], *, steps: int, repeats: in
                 env.pop("CHECKPOINT_DIR")
                 done = subprocess.run(trainer_command() + run_args, env=env, cwd=REPO, capture_output=True, text=True,
                                       timeout=900, check=False)  # fmt: skip
-                message = (scratch / "message").read_text() if (scratch / "message").exists() else ""
+                message = exit_message(scratch)
             if done.returncode != 0 or not message.startswith("{"):
                 tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
                 raise SystemExit(f"{kind} run exited {done.returncode}:\n{tail}")
