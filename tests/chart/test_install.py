@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 RELEASE = "ddpjob"
 CRD = "ddpjobs.ddpjob.dev"
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
-STEPS = 800
+STEPS = 400
 # Grafana's variables, as a user would pick them; 1m spans many 2 s scrapes of the box's Prometheus.
 RATE_INTERVAL, RANGE = "1m", "15m"
 # An API refusal as the operator's log shows it: the apiserver's reason and message, or the client's
@@ -173,9 +173,9 @@ def training(release: Release, prometheus: Prometheus) -> Release:
 
     def halfway() -> bool:
         found = prometheus.query(f'ddp_steps_total{{namespace="{release.namespace}", ddpjob="{name}"}}')
-        return len(found) == 2 and all(float(s["value"][1]) >= STEPS // 4 for s in found)
+        return len(found) == 2 and all(float(s["value"][1]) >= STEPS // 2 for s in found)
 
-    _wait(release, "both ranks a quarter through, in Prometheus", halfway, 300)
+    _wait(release, "both ranks halfway, in Prometheus", halfway, 300)
     panels = [(p["title"], t["expr"]) for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
     seen["panels"] = []
     deadline = time.monotonic() + 30  # a panel may need one more scrape; never more than the linger
@@ -191,7 +191,8 @@ def training(release: Release, prometheus: Prometheus) -> Release:
         phase = (release.job(name).get("status") or {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    seen["phase"] = _wait(release, f"{name} to finish", finished, 300)
+    # Half the steps are left; a loaded 2-core CI machine has taken 0.43 s a step (a bound, not a timing).
+    seen["phase"] = _wait(release, f"{name} to finish", finished, 600)
     seen["status"] = release.job(name)["status"]
     seen["operator_log"] = _operator_log(release)
     seen["images"] = {p.metadata.name: [c.image for c in p.spec.containers] for p in _pods(release, name)}
