@@ -343,7 +343,10 @@ def _plan_for(
     restarting = status.condition(ConditionType.RESTARTING)
     since = restarting.last_transition_time if restarting and restarting.status else None
     wait = in_place.wait_seconds(restarting.reason if restarting else "")
-    kept = in_place.sort(obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts, wait)
+    excluded = {e.name for e in status.excluded_nodes}
+    kept = in_place.sort(
+        obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts, wait, excluded
+    )
     # Ranks made again beside ranks restarted in place join the gang already placed: no PodGroup of their own.
     gang_placed = as_gang and not any(p.adopted for p in obs.current.values())
     return Plan(

@@ -243,6 +243,26 @@ def test_a_rank_failing_twice_in_a_row_on_one_node_with_sigbus_restarts_the_gang
     assert second.status.restarts == 2 and second.force_delete_pods == (), "its kubelet answers: no force"
 
 
+def test_a_rank_its_kubelet_restarts_in_place_on_the_node_it_faulted_twice_is_not_kept_there() -> None:
+    """On the 3-node box: rank 1's pod, restarted in place by its kubelet after its second SIGBUS, was adopted into
+    the next attempt on the node the gang had just excluded, and trained on there."""
+    c = on_nodes(2)
+    c.set_all(in_place=True, trainer_running=True)
+    c.set(1, exit_code=135, next_count=1)
+    first = plan(c.job, c.status, list(c.pods.values()), T0)
+    first = plan(c.job, first.status, list(c.pods.values()), T0 + timedelta(seconds=1))
+    assert "train-1" in {x.name for x in first.adopt_pods}, "the first time: restarted in place where it is"
+    c.status = first.status
+    c.pods = {n: replace(p, attempt=1, adopted=True, exit_code=None) for n, p in c.pods.items()}
+    c.set(1, exit_code=135, next_count=2)
+    then = T0 + timedelta(seconds=60)
+    second = plan(c.job, replace(c.status, phase=Phase.RUNNING), list(c.pods.values()), then)
+    assert [(e.name, e.reason) for e in second.status.excluded_nodes] == [("node-1", "NodeUnhealthy")]
+    later = plan(c.job, second.status, list(c.pods.values()), then + timedelta(seconds=1))
+    assert "train-1" not in {x.name for x in later.adopt_pods}
+    assert "train-1" in {x.name for x in later.delete_pods}, "made again off node-1"
+
+
 def test_a_machine_fault_then_another_cause_starts_the_count_again() -> None:
     assert node_loss.machine_fault(135, "").startswith("SIGBUS")
     assert node_loss.machine_fault(1, "RuntimeError: CUDA error: an illegal memory access") != ""

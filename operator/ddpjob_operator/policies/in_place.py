@@ -17,7 +17,7 @@ own ``RestartingAllContainers``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -83,9 +83,12 @@ def sort(
     now: datetime,
     restarts: int,
     wait_seconds: float = WAIT_SECONDS,
+    excluded: Collection[str] = (),
 ) -> Sorted:
     """Sort the pods of earlier attempts for a gang restarted at ``since`` (None: not restarting) into an attempt
-    begun after ``restarts`` restarts, giving a rank still running ``wait_seconds`` to exit."""
+    begun after ``restarts`` restarts, giving a rank still running ``wait_seconds`` to exit. A pod on a node of
+    ``excluded`` (the job's ``excludedNodes``) is never kept: its kubelet would restart it on the node the gang
+    leaves (a rank that faulted its machine twice there was adopted, and trained on there)."""
     adopt: list[PodView] = []
     wait: list[PodView] = []
     delete: list[PodView] = []
@@ -93,7 +96,7 @@ def sort(
     kept = since is not None and for_attempt(policy, restarts)
     for pod in stale:
         in_range = pod.rank is not None and 0 <= pod.rank < replicas
-        if not kept or not in_range or not restartable(pod, policy, spec_hash):
+        if not kept or not in_range or pod.node in excluded or not restartable(pod, policy, spec_hash):
             delete.append(pod)
         elif pod.exit_code is not None:
             adopt.append(pod)
