@@ -45,7 +45,8 @@ UNHEALTHY = {"key": "ddpjob.dev/unhealthy", "effect": "NoSchedule"}
 REASONS = {"power": "NodeLost", "network": "NodeLost", "taint": "NodeUnhealthy"}
 
 
-def job_body(name: str, claim: str) -> dict[str, Any]:
+def job_body(name: str, claim: str, *, steps: int = STEPS, replicas: int = 2) -> dict[str, Any]:
+    """A tinycnn job of ``replicas`` ranks, each on a node of its own, checkpointing every 20 steps to ``claim``."""
     args = [
         "--model",
         "tinycnn",
@@ -58,7 +59,7 @@ def job_body(name: str, claim: str) -> dict[str, Any]:
         "--log-interval",
         "5",
         "--steps",
-        str(STEPS),
+        str(steps),
         "--checkpoint-interval",
         "20",
         "--slow-rank",
@@ -78,7 +79,7 @@ def job_body(name: str, claim: str) -> dict[str, Any]:
         "kind": "DDPJob",
         "metadata": {"name": name},
         "spec": {
-            "replicas": 2,
+            "replicas": replicas,
             "runPolicy": {"backoffLimit": 3},
             "checkpoint": {"claimName": claim},
             "template": {
@@ -92,11 +93,25 @@ def job_body(name: str, claim: str) -> dict[str, Any]:
     }
 
 
+def shared_claim(name: str) -> dict[str, Any]:
+    """A claim every node mounts (the box's ReadWriteMany class, as NFS or a CSI filesystem on a real cluster)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "box-shared",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
 class Trial:
-    def __init__(self, box: Box, api: Any, namespace: str, index: int, fault: str, rank: int = 1) -> None:
+    def __init__(
+        self, box: Box, api: Any, namespace: str, index: int, fault: str, rank: int = 1, steps: int = STEPS
+    ) -> None:
         from kubernetes import client
 
-        self.box, self.namespace, self.fault, self.rank = box, namespace, fault, rank
+        self.box, self.namespace, self.fault, self.rank, self.steps = box, namespace, fault, rank, steps
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.name, self.claim = f"loss-{index}", f"ckpt-{index}"
 
@@ -109,19 +124,9 @@ class Trial:
         return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def run(self) -> dict[str, Any]:
-        self.core.create_namespaced_persistent_volume_claim(
-            self.namespace,
-            {
-                "metadata": {"name": self.claim},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "box-shared",
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        )
+        self.core.create_namespaced_persistent_volume_claim(self.namespace, shared_claim(self.claim))
         self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, job_body(self.name, self.claim)
+            GROUP, VERSION, self.namespace, PLURAL, job_body(self.name, self.claim, steps=self.steps)
         )
         wait_until("the job to run", lambda: self.status().get("phase") == "Running", _deadline(300))
         wait_until("a checkpoint", lambda: (self.status().get("lastCheckpoint") or {}).get("step"), _deadline(120))
@@ -171,6 +176,7 @@ class Trial:
             "reason": said[0].reason if said else None,
             "message": said[0].message if said else None,
             "step": (final.get("progress") or {}).get("step"),
+            "steps": self.steps,
             "excluded": {e.get("name"): e.get("reason") for e in final.get("excludedNodes") or []},
             "new_pods_on_cut_node_while_cut": left_running,
             **fence,
@@ -231,7 +237,7 @@ def kept_its_promises(trial: dict[str, Any]) -> bool:
     return (
         trial["phase"] == "Succeeded"
         and trial["restarts"] == 1
-        and trial["step"] == STEPS
+        and trial["step"] == trial["steps"]
         and trial["reason"] == REASONS[trial["fault"]]
         and trial["excluded"].get(trial["node"]) == REASONS[trial["fault"]]
         and not trial["new_pods_on_cut_node_while_cut"]

@@ -61,6 +61,10 @@ class Cluster:
 
 
 _BOX: Box | None = None
+GRACE = ("--node-monitor-grace-period=20s", "--node-monitor-period=2s")
+"""How long until the node lifecycle controller marks a silent node NotReady, as kind users shorten it for tests:
+the node tests (tests/e2e/test_nodes.py) wait that long after each cut. A kubelet here reports every 5 s; the
+default 50 s would add half a minute to each cut."""
 FAILURE_LINES = 25
 
 
@@ -73,7 +77,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         return
     with tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
         # The node starts later, on first use: cluster tests drive pod status by hand before it exists.
-        box = Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False)
+        box = Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False, controller_manager_args=GRACE)
         try:
             box.start()
         except BoxError as err:
@@ -99,7 +103,8 @@ def start_session_node(cluster: Cluster, *, proxy: bool) -> KubeletNode:
     if cluster.box is None:
         pytest.skip("the box's node exists only in the box, not in an existing cluster")
     try:
-        return cluster.box.start_node(images=shipped_images(), proxy=proxy)
+        # Cuttable: the node tests (tests/e2e/test_nodes.py) cut the network of whichever node rank 0 lands on.
+        return cluster.box.start_node(images=shipped_images(), proxy=proxy, cuttable=True)
     except BoxError as err:
         pytest.fail(f"the box's node did not start: {err}", pytrace=False)
 

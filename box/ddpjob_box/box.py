@@ -209,10 +209,14 @@ class Box:
             kueue.install()
         return self.kueue
 
-    def stop_node(self) -> None:
-        """Stop every node, the first (which serves the others' DNS and Services) last."""
+    def stop_extra_nodes(self) -> None:
+        """Stop every node but the first, the last started first; each leaves the apiserver (its Node deleted)."""
         while self.extra_nodes:
             self.extra_nodes.pop().stop()
+
+    def stop_node(self) -> None:
+        """Stop every node, the first (which serves the others' DNS and Services) last."""
+        self.stop_extra_nodes()
         if self.node:
             self.node.stop()
             self.node = None

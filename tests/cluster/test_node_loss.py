@@ -10,6 +10,7 @@ or its network is measured on the multi-node box by ``bench.node_loss``.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,16 +38,41 @@ def ready(status: str) -> dict[str, Any]:
                                        "lastTransitionTime": now}]}}  # fmt: skip
 
 
+class Kubelets:
+    """The kubelets this test plays: each reports its node Ready every 3 s until silenced, as a real one does
+    (the session box's node lifecycle controller marks a node silent for 20 s Unknown: tests/conftest.py)."""
+
+    def __init__(self, raw: Raw, names: list[str]) -> None:
+        self.raw, self.names, self.reporting = raw, names, set(names)
+        self.done, self.lock = threading.Event(), threading.Lock()
+        self.thread = threading.Thread(target=self._report, daemon=True)
+
+    def _report(self) -> None:
+        while not self.done.wait(3):
+            with self.lock:
+                for name in sorted(self.reporting):
+                    self.raw.merge(f"/api/v1/nodes/{name}/status", ready("True"))
+
+    def silence(self, name: str) -> None:
+        """Its kubelet stops reporting: no report of it is sent from now on."""
+        with self.lock:
+            self.reporting.discard(name)
+
+
 @pytest.fixture
-def nodes(raw: Raw) -> Iterator[list[str]]:
+def nodes(raw: Raw) -> Iterator[Kubelets]:
     names = [f"n-{uuid.uuid4().hex[:6]}-{side}" for side in ("a", "b")]
+    kubelets = Kubelets(raw, names)
     for name in names:
         raw.post("/api/v1/nodes", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
                                    "spec": {"taints": [TAINT]}})  # fmt: skip
         raw.merge(f"/api/v1/nodes/{name}/status", ready("True"))
+    kubelets.thread.start()
     try:
-        yield names
+        yield kubelets
     finally:
+        kubelets.done.set()
+        kubelets.thread.join()
         for name in names:
             raw.delete(f"/api/v1/nodes/{name}")
 
@@ -62,9 +88,9 @@ def bind(raw: Raw, ns: str, pod: str, node: str) -> None:
 
 
 def test_a_lost_nodes_rank_restarts_the_gang_at_once_and_only_its_pod_is_force_deleted(
-    raw: Raw, namespace: str, nodes: list[str], operator: Operator
+    raw: Raw, namespace: str, nodes: Kubelets, operator: Operator
 ) -> None:
-    healthy, lost = nodes
+    healthy, lost = nodes.names
     template = {"spec": {"containers": [copy.deepcopy(TRAINER)], "nodeSelector": NOWHERE}}
     raw.create_job(namespace, job_body("train", 2, gangScheduling="Disabled", template=template))
     wait_for(lambda: len(raw.pods(namespace, "train")) == 2, what="the job's two pods")
@@ -74,6 +100,7 @@ def test_a_lost_nodes_rank_restarts_the_gang_at_once_and_only_its_pod_is_force_d
     wait_for(lambda: raw.status(namespace, "train").get("phase") == "Running", what="the job to run",
              seen=lambda: raw.status(namespace, "train"))  # fmt: skip
 
+    nodes.silence(lost)
     raw.merge(f"/api/v1/nodes/{lost}/status", ready("Unknown"))  # its kubelet stopped reporting
 
     def restarted() -> dict[str, Any] | None:
