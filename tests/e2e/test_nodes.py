@@ -171,7 +171,7 @@ def test_a_sick_node_is_left_and_excluded_and_a_gang_with_nowhere_left_says_so_u
         assert "this job excludes" in said and faulty in said and tainted in said, said
     finally:
         core.patch_node(tainted, {"spec": {"taints": before or None}})
-    clear = [{"op": "remove", "path": "/status/excludedNodes"}]  # docs/reference.md's kubectl patch
+    clear = {"status": {"excludedNodes": None}}  # docs/reference.md's kubectl patch, as a merge patch
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "sick", clear)
     final = wait_for("the job to end", lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600)
     assert final["phase"] == "Succeeded" and final["progress"]["step"] == 2 * STEPS, final
