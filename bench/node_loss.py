@@ -211,9 +211,7 @@ class Trial:
         begun after the cut (new pods, and containers their kubelet restarted in place). ``old_after_new_began``:
         the step and checkpoint lines the old pod logged from that first step on; ``files_not_written_by_new``: the
         checkpoint files written from then on that no rank of the next attempt logged writing."""
-        lines = [
-            line for node in self.box.nodes for line in _pod_lines(node.layout.pod_logs, self.namespace, self.name)
-        ]
+        lines = [line for node in self.box.nodes for line in pod_lines(node.layout.pod_logs, self.namespace, self.name)]
         new = [(t, text) for t, uid, begun, text in lines if uid != victim_uid and begun >= cut_at]
         began = min((t for t, text in new if "step=" in text), default=float("inf"))
         old = [(t, text) for t, uid, _, text in lines if uid == victim_uid]
@@ -247,13 +245,15 @@ def kept_its_promises(trial: dict[str, Any]) -> bool:
     )
 
 
-def _pod_lines(pod_logs: Path, namespace: str, job: str) -> Iterator[tuple[float, str, float, str]]:
+def pod_lines(
+    pod_logs: Path, namespace: str, job: str, container: str = "trainer"
+) -> Iterator[tuple[float, str, float, str]]:
     """(time, pod uid, when its log file began, text) of each line the job's trainers logged on one node: the
     kubelet's files are ``<namespace>_<pod>_<uid>/<container>/<restarts>.log``, each line ``<RFC 3339 time>
     <stream> <tag> <text>``."""
     for pod_dir in pod_logs.glob(f"{namespace}_{job}-*_*"):
         uid = pod_dir.name.rsplit("_", 1)[-1]
-        for path in sorted(pod_dir.glob("trainer/*.log")):
+        for path in sorted(pod_dir.glob(f"{container}/*.log")):
             parsed = [_cri_line(line) for line in path.read_text(errors="replace").splitlines() if line]
             for t, text in parsed:
                 yield t, uid, parsed[0][0], text

@@ -238,3 +238,21 @@ def test_a_go_cpu_profile_is_taken_in_slices_until_stopped_and_each_slice_is_kep
     assert [p.read_text() for p in paths[:2]] == ["slice 1", "slice 2"]
     assert set(asked) == {f"/debug/pprof/profile?seconds={go_profile.SLICE_S}"}
     assert profile.stop() == paths, "stopped: no slice after"
+
+
+def test_the_peer_node_loss_job_is_ours_as_a_master_and_a_worker_on_nodes_of_their_own() -> None:
+    from bench import node_loss, node_loss_peer
+
+    body = node_loss_peer.pytorchjob("peer-0", "ckpt")
+    ours = node_loss.job_body("peer-0", "ckpt")["spec"]["template"]["spec"]["containers"][0]
+    specs = body["spec"]["pytorchReplicaSpecs"]
+    assert sorted(specs) == ["Master", "Worker"] and all(s["replicas"] == 1 for s in specs.values())
+    pod = specs["Worker"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    assert trainer["args"] == ours["args"] and trainer["image"] == ours["image"]
+    assert trainer["volumeMounts"][0]["mountPath"] == "/checkpoints" and pod["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "ckpt"
+    }
+    (spread,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == {node_loss_peer.JOB_LABEL: "peer-0"}

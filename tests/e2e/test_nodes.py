@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from bench.node_loss import GROUP, PLURAL, VERSION, Trial, _pod_lines, job_body, kept_its_promises, shared_claim
+from bench.node_loss import GROUP, PLURAL, VERSION, Trial, job_body, kept_its_promises, pod_lines, shared_claim
 from ddpjob_box.box import Box
 from ddpjob_box.images import shipped_images
 from ddpjob_box.kubenode.node import KubeletNode
@@ -72,7 +72,7 @@ def test_three_ranks_one_per_node_save_to_the_shared_claim_resume_from_it_and_su
     core.delete_namespaced_pod("spread-2", namespace)  # a rank lost: the gang restarts and resumes from the claim
 
     def resumed() -> list[str]:
-        lines = [text for n in box.nodes for _, _, _, text in _pod_lines(n.layout.pod_logs, namespace, "spread")]
+        lines = [text for n in box.nodes for _, _, _, text in pod_lines(n.layout.pod_logs, namespace, "spread")]
         return [text for text in lines if "resumed from step" in text]
 
     said = wait_for("the next attempt to resume from the claim", resumed, 300, seen=status)
