@@ -15,6 +15,9 @@ ANNOTATION_SPEC_HASH = "ddpjob.dev/spec-hash"
 # On a pod restarted in place (its kubelet restarted every container on a retryable exit): the trainer container's
 # restartCount when its current attempt began. A restart past it is this attempt's failure.
 ANNOTATION_RESTART_COUNT = "ddpjob.dev/restart-count"
+# The nodes a pod was built to avoid (status.excludedNodes when it was made), comma-separated: a pod not yet placed
+# that avoids a node the job no longer excludes is made again.
+ANNOTATION_EXCLUDED_NODES = "ddpjob.dev/excluded-nodes"
 
 # The environment injected into the trainer container (the first container).
 ENV_MASTER_ADDR = "MASTER_ADDR"

@@ -76,3 +76,4 @@ class Reason(StrEnum):
     WORKLOAD_MISSING = "WorkloadNotCreated"
     NODE_LOST = "NodeLost"
     NODE_UNHEALTHY = "NodeUnhealthy"
+    EXCLUSIONS_CLEARED = "ExclusionsCleared"

@@ -13,6 +13,7 @@ from typing import Any
 from ddpjob_contract import kueue
 from ddpjob_contract.exits import SIGNAL_EXIT_BASE
 from ddpjob_contract.pods import (
+    ANNOTATION_EXCLUDED_NODES,
     ANNOTATION_RESTART_COUNT,
     ANNOTATION_SPEC_HASH,
     DEFAULT_TERMINATION_GRACE_SECONDS,
@@ -322,6 +323,7 @@ def avoiding(pod: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
     template's own terms (a template with none gets one); the template's other affinities are kept."""
     if not nodes:
         return pod
+    pod.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_EXCLUDED_NODES] = ",".join(sorted(nodes))
     rule = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(nodes)}
     affinity = pod.setdefault("spec", {}).setdefault("affinity", {})
     node_affinity = affinity.setdefault("nodeAffinity", {})

@@ -429,6 +429,21 @@ def _node_lost(v: View) -> Transition | None:
     return Restart(reason, f"{cause}; the next attempt avoids the node", rp.backoff_limit, exclude=excluded)
 
 
+def _exclusions_cleared(v: View) -> Transition | None:
+    """A rank not yet placed avoids a node the job no longer excludes (``status.excludedNodes`` cleared by the user,
+    or expired): its pod's affinity cannot change, so the gang restarts, uncounted, with pods built for the list as
+    it is now. Without this, a gang that had nowhere left to run waited on, whatever was cleared."""
+    now = {e.name for e in v.status.excluded_nodes}
+    unplaced = [p for p in v.obs.current.values() if not p.node and not p.terminating and set(p.avoids) - now]
+    if not unplaced:
+        return None
+    pod = unplaced[0]
+    freed = ", ".join(sorted(set(pod.avoids) - now))
+    cause = (f"rank {pod.rank}'s pod {pod.name}, not placed, was built to avoid {freed}, which the job no longer "
+             f"excludes: the gang is made again without it")  # fmt: skip
+    return Restart(Reason.EXCLUSIONS_CLEARED, cause, v.job.spec.run_policy.backoff_limit, counted=False)
+
+
 def _node_lost_under_last_attempt(v: View) -> Transition | None:
     """The restart under way came from a node lost under the last attempt (policies.node_loss.under_last_attempt)."""
     excluded = [e.name for e in v.status.excluded_nodes]
@@ -652,7 +667,8 @@ def _straggler(v: View) -> Transition | None:
 
 
 POLICIES: tuple[Callable[[View], Transition | None], ...] = (
-    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _node_lost, _failures,
+    _refused, _gang_unavailable, _suspension, _admission, _deadline, _spec_changed, _node_lost, _exclusions_cleared,
+    _failures,
     _restarted_in_place,
     _stuck_exiting, _no_progress, _succeeded,
     _cannot_start, _phase, _straggler,

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT, ANNOTATION_SPEC_HASH, LABEL_ATTEMPT, LABEL_RANK
+from ddpjob_contract.pods import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_RESTART_COUNT,
+    ANNOTATION_SPEC_HASH,
+    LABEL_ATTEMPT,
+    LABEL_RANK,
+)
 from ddpjob_contract.status import ConditionType, Phase
 from ddpjob_operator.progress import Checkpoint, ProgressStatus
 from ddpjob_operator.times import from_time, to_time
@@ -78,6 +84,8 @@ class PodView:
     """In place: its trainer's exit was the last attempt's, and its kubelet has not started it again yet."""
     adopted: bool = False
     """Restarted in place into its attempt (made for an earlier one)."""
+    avoids: tuple[str, ...] = ()
+    """The nodes it was built to avoid (``status.excludedNodes`` when it was made)."""
 
     @property
     def restarted_by_kubelet(self) -> bool:
@@ -221,12 +229,13 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
                 if why and why != "Error":
                     reason += f" ({why}: {said})" if said else f" ({why})"
                 break
+    annotations = meta.get("annotations") or {}
     return PodView(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         rank=_label_int(labels, LABEL_RANK),
         attempt=_label_int(labels, LABEL_ATTEMPT),
-        spec_hash=str((meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH, "")),
+        spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
         phase=str(status.get("phase") or "Pending"),
         terminating=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
@@ -246,6 +255,7 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         restarting=restarting,
         trainer_running=trainer_running,
         adopted=bool(began),
+        avoids=tuple(n for n in str(annotations.get(ANNOTATION_EXCLUDED_NODES, "")).split(",") if n),
     )
 
 

@@ -293,3 +293,34 @@ def test_a_gang_with_nowhere_left_to_run_says_so_with_the_nodes_it_excludes_in_i
     assert message.endswith("; this job excludes node-1 (NodeLost) until they expire or are removed from "
                             "status.excludedNodes")  # fmt: skip
     assert [e.reason for e in p.events] == ["Unschedulable"]
+
+
+def test_a_gang_with_nowhere_left_is_made_again_uncounted_once_an_exclusion_its_pods_were_built_for_is_cleared() -> (
+    None
+):
+    """On the 3-node box: with excludedNodes cleared (kubectl patch, or expiry), the unplaced rank's pod still avoided
+    the nodes (a pod's affinity cannot change), and the gang waited until its in-place rank used up backoffLimit."""
+    c = FakeCluster(job(replicas=2))
+    entry = ExcludedNode("node-1", "NodeUnhealthy", "the node carries the taint ddpjob.dev/unhealthy", T0)
+    c.status = replace(c.status, excluded_nodes=(entry,))
+    c.settle()
+    c.set(0, node="node-0", avoids=("node-1",))
+    c.set(1, node="", avoids=("node-1",), unschedulable="0/2 nodes are available: 2 node(s) didn't match ...")
+    c.step()
+    assert c.status.phase is Phase.PENDING, "still excluded: it waits, saying why"
+    c.status = replace(c.status, excluded_nodes=())  # cleared by the user
+    restarts = c.status.restarts
+    c.step()
+    restarting = c.status.condition("Restarting")
+    assert restarting is not None and restarting.reason == "ExclusionsCleared"
+    assert "pod train-1, not placed, was built to avoid node-1" in restarting.message
+    assert c.status.restarts == restarts, "not counted"
+
+
+def test_the_nodes_a_pod_avoids_are_written_on_it_and_read_back() -> None:
+    from ddpjob_operator.status import pod_view
+
+    built = builders.avoiding(builders.pod(job(replicas=2), 1, 0, gang=False), ("b", "a"))
+    built["status"] = {"phase": "Pending"}
+    assert pod_view(built, "trainer").avoids == ("a", "b")
+    assert pod_view(builders.pod(job(replicas=2), 1, 0, gang=False), "trainer").avoids == ()
