@@ -31,6 +31,7 @@ from bench.peer_operator import TrainingOperator, install_training_operator, pyt
 from ddpjob_box import toolchain
 from ddpjob_box.box import Box
 from ddpjob_box.kubenode.node import KubeletNode
+from ddpjob_box.processes import tail
 
 JOB_LABEL = "training.kubeflow.org/job-name"
 REPLICA_LABEL = "training.kubeflow.org/replica-type"
@@ -127,6 +128,15 @@ class PeerTrial:
         }
 
 
+def _say_where_things_stood(api: Any, namespace: str, operator: TrainingOperator) -> None:
+    """The namespace's pods and training-operator's log tail: what a trial that did not get going stood on."""
+    from kubernetes import client as k8s
+
+    for pod in k8s.CoreV1Api(api).list_namespaced_pod(namespace).items:
+        log(f"pod {pod.metadata.name} on {pod.spec.node_name}: {pod.status.phase} {pod.status.container_statuses}")
+    log(f"training-operator log (tail):\n{tail(operator.log_path, 30)}")
+
+
 def _cut(node: KubeletNode, fault: str) -> None:
     if fault == "power":
         node.power_cut()
@@ -171,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     trials.append(result)
             finally:
                 operator.stop()
+                _say_where_things_stood(api, namespace, operator)
     rows = [
         [t["fault"], t["node"], t["seconds_to_training_again_elsewhere"] or f"not within {t['watched_s']:.0f} s",
          ", ".join(t["pods_that_stepped_after_the_cut"]) or "none"]
