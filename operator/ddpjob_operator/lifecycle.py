@@ -215,7 +215,7 @@ def _leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: node_loss.N
         "delete_pods": tuple(p for p in the_plan.delete_pods if p.name not in names),
         "adopt_pods": tuple(p for p in the_plan.adopt_pods if p.name not in names),
         "force_delete_pods": forced,
-        "avoid_nodes": tuple(e.name for e in the_plan.status.excluded_nodes),
+        "avoid_nodes": the_plan.status.excluded_names,
     }
 
 
@@ -343,10 +343,10 @@ def _plan_for(
     restarting = status.condition(ConditionType.RESTARTING)
     since = restarting.last_transition_time if restarting and restarting.status else None
     wait = in_place.wait_seconds(restarting.reason if restarting else "")
-    excluded = {e.name for e in status.excluded_nodes}
     kept = in_place.sort(
-        obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts, wait, excluded
-    )
+        obs.stale, spec.run_policy, spec.spec_hash, spec.replicas, since, now, status.restarts, wait,
+        status.excluded_names,
+    )  # fmt: skip
     # Ranks made again beside ranks restarted in place join the gang already placed: no PodGroup of their own.
     gang_placed = as_gang and not any(p.adopted for p in obs.current.values())
     return Plan(
@@ -433,21 +433,19 @@ def _exclusions_cleared(v: View) -> Transition | None:
     """A rank not yet placed avoids a node the job no longer excludes (``status.excludedNodes`` cleared by the user,
     or expired): its pod's affinity cannot change, so the gang restarts, uncounted, with pods built for the list as
     it is now. Without this, a gang that had nowhere left to run waited on, whatever was cleared."""
-    now = {e.name for e in v.status.excluded_nodes}
-    unplaced = [p for p in v.obs.current.values() if not p.node and not p.terminating and set(p.avoids) - now]
-    if not unplaced:
-        return None
-    pod = unplaced[0]
-    freed = ", ".join(sorted(set(pod.avoids) - now))
-    cause = (f"rank {pod.rank}'s pod {pod.name}, not placed, was built to avoid {freed}, which the job no longer "
-             f"excludes: the gang is made again without it")  # fmt: skip
-    return Restart(Reason.EXCLUSIONS_CLEARED, cause, v.job.spec.run_policy.backoff_limit, counted=False)
+    excluded = set(v.status.excluded_names)
+    for pod in v.obs.current.values():
+        freed = set(pod.avoids) - excluded
+        if freed and not pod.node and not pod.terminating:
+            cause = (f"rank {pod.rank}'s pod {pod.name}, not placed, was built to avoid {', '.join(sorted(freed))}, "
+                     f"which the job no longer excludes: the gang is made again without it")  # fmt: skip
+            return Restart(Reason.EXCLUSIONS_CLEARED, cause, v.job.spec.run_policy.backoff_limit, counted=False)
+    return None
 
 
 def _node_lost_under_last_attempt(v: View) -> Transition | None:
     """The restart under way came from a node lost under the last attempt (policies.node_loss.under_last_attempt)."""
-    excluded = [e.name for e in v.status.excluded_nodes]
-    left = node_loss.under_last_attempt(v.obs.stale, v.status.attempt, v.nodes, excluded)
+    left = node_loss.under_last_attempt(v.obs.stale, v.status.attempt, v.nodes, v.status.excluded_names)
     if left is None:
         return None
     message = (f"node {left.node} is lost ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there, and the "

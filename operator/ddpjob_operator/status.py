@@ -467,9 +467,14 @@ class JobStatus:
     last_checkpoint: Checkpoint | None = None
     """The newest complete checkpoint any attempt's ranks reported (kept when their pods are gone)."""
     excluded_nodes: tuple[ExcludedNode, ...] = ()
+    """Nodes the job's pods avoid (``policies.node_loss``), until each entry expires or a user removes it."""
     machine_fault: MachineFault | None = None
     """The last restart's cause, when a rank's exit pointed at its machine (SIGBUS, a CUDA or NCCL error)."""
-    """Nodes the job's pods avoid (``policies.node_loss``), until each entry expires or a user removes it."""
+
+    @property
+    def excluded_names(self) -> tuple[str, ...]:
+        """The names of ``excluded_nodes``."""
+        return tuple(e.name for e in self.excluded_nodes)
 
     def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
