@@ -136,7 +136,7 @@ class Trial:
         victim = self.box.node_named(placed[str(self.rank)])
         log(f"{self.name}: ranks on {placed}; cutting {self.fault} of {victim.name}, rank {self.rank}'s node")
         cut, cut_at = time.monotonic(), time.time()
-        self.cut(victim)
+        cut_node(self.core, victim, self.fault)
         try:
             wait_until(
                 "the next attempt to run",
@@ -158,7 +158,7 @@ class Trial:
             # Read while the node is still cut: once back, its kubelet removes the deleted pods and their logs.
             fence = self.fenced(victim_uid, cut_at)
         finally:
-            self.bring_back(victim)
+            bring_back_node(self.core, victim, self.fault)
         wait_until(
             "the cut node's pods to go",
             lambda: not [p for p in self.pods() if p.spec.node_name == victim.name],
@@ -182,29 +182,6 @@ class Trial:
             **fence,
         }
 
-    def cut(self, node: Any) -> None:
-        match self.fault:
-            case "power":
-                node.power_cut()
-            case "network":
-                node.cut_network()
-            case "taint":  # a health checker's verdict on a node that stays Ready
-                self.core.patch_node(node.name, {"spec": {"taints": [*self.taints(node), UNHEALTHY]}})
-
-    def bring_back(self, node: Any) -> None:
-        match self.fault:
-            case "power":
-                node.power_on()
-            case "network":
-                node.heal_network()
-            case "taint":
-                kept = [t for t in self.taints(node) if t["key"] != UNHEALTHY["key"]]
-                self.core.patch_node(node.name, {"spec": {"taints": kept or None}})
-
-    def taints(self, node: Any) -> list[dict[str, Any]]:
-        said = self.core.read_node(node.name).spec.taints or []
-        return [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v} for t in said]
-
     def fenced(self, victim_uid: str, cut_at: float) -> dict[str, Any]:
         """What the cut rank's old pod did after the next attempt's first step, from every node's pod logs (their CRI
         timestamps) and the shared claim's files. The next attempt's lines are those of the other pods' log files
@@ -226,6 +203,35 @@ class Trial:
             "old_after_new_began": after,
             "files_not_written_by_new": sorted(set(written) - logged),
         }
+
+
+def cut_node(core: Any, node: Any, fault: str) -> None:
+    """``fault`` on a box node: its power or its network cut, or a health checker's taint on it (it stays Ready)."""
+    match fault:
+        case "power":
+            node.power_cut()
+        case "network":
+            node.cut_network()
+        case "taint":
+            core.patch_node(node.name, {"spec": {"taints": [*taints(core, node.name), UNHEALTHY]}})
+
+
+def bring_back_node(core: Any, node: Any, fault: str) -> None:
+    """The node as it was before ``cut_node``."""
+    match fault:
+        case "power":
+            node.power_on()
+        case "network":
+            node.heal_network()
+        case "taint":
+            kept = [t for t in taints(core, node.name) if t["key"] != UNHEALTHY["key"]]
+            core.patch_node(node.name, {"spec": {"taints": kept or None}})
+
+
+def taints(core: Any, node: str) -> list[dict[str, Any]]:
+    """The node's taints, as a patch writes them."""
+    said = core.read_node(node).spec.taints or []
+    return [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v} for t in said]
 
 
 def kept_its_promises(trial: dict[str, Any]) -> bool:

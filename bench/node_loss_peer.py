@@ -26,11 +26,10 @@ from typing import Any
 
 from bench.apiserver import Api
 from bench.common import log, machine, table, wait_until, write_results
-from bench.node_loss import job_body, pod_lines, shared_claim
+from bench.node_loss import bring_back_node, cut_node, job_body, pod_lines, shared_claim
 from bench.peer_operator import TrainingOperator, install_training_operator, pytorchjobs_path
 from ddpjob_box import toolchain
 from ddpjob_box.box import Box
-from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.processes import tail
 
 JOB_LABEL = "training.kubeflow.org/job-name"
@@ -92,7 +91,7 @@ class PeerTrial:
         victim = self.box.node_named(worker.spec.node_name)
         log(f"{self.name}: cutting {self.fault} of {victim.name}, the Worker's node")
         cut, cut_at = time.monotonic(), time.time()
-        _cut(victim, self.fault)
+        cut_node(self.core, victim, self.fault)
         states: list[list[Any]] = []
         again: float | None = None
         stepped: list[str] = []
@@ -111,7 +110,7 @@ class PeerTrial:
                     break
                 time.sleep(2)
         finally:
-            _bring_back(victim, self.fault)
+            bring_back_node(self.core, victim, self.fault)
         said = (
             f"training again elsewhere {again:.1f}s after the cut"
             if again
@@ -135,20 +134,6 @@ def _say_where_things_stood(api: Any, namespace: str, operator: TrainingOperator
     for pod in k8s.CoreV1Api(api).list_namespaced_pod(namespace).items:
         log(f"pod {pod.metadata.name} on {pod.spec.node_name}: {pod.status.phase} {pod.status.container_statuses}")
     log(f"training-operator log (tail):\n{tail(operator.log_path, 30)}")
-
-
-def _cut(node: KubeletNode, fault: str) -> None:
-    if fault == "power":
-        node.power_cut()
-    else:
-        node.cut_network()
-
-
-def _bring_back(node: KubeletNode, fault: str) -> None:
-    if fault == "power":
-        node.power_on()
-    else:
-        node.heal_network()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from bench.node_loss import GROUP, PLURAL, VERSION, Trial, job_body, kept_its_promises, pod_lines, shared_claim
+from bench.node_loss import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Trial,
+    bring_back_node,
+    cut_node,
+    job_body,
+    kept_its_promises,
+    pod_lines,
+    shared_claim,
+)
 from ddpjob_box.box import Box
 from ddpjob_box.images import shipped_images
 from ddpjob_box.kubenode.node import KubeletNode
@@ -157,9 +168,7 @@ def test_a_sick_node_is_left_and_excluded_and_a_gang_with_nowhere_left_says_so_u
     marker.unlink()
 
     tainted = wait_for("rank 1 on another node", lambda: (n := rank_node(1)) and n != faulty and n, 300, seen=status)
-    before = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
-              for t in core.read_node(tainted).spec.taints or []]  # fmt: skip
-    core.patch_node(tainted, {"spec": {"taints": [*before, {"key": "ddpjob.dev/unhealthy", "effect": "NoSchedule"}]}})
+    cut_node(core, three_nodes.node_named(tainted), "taint")
     try:
 
         def nowhere() -> str | None:
@@ -170,7 +179,7 @@ def test_a_sick_node_is_left_and_excluded_and_a_gang_with_nowhere_left_says_so_u
         assert excluded() == {faulty: "NodeUnhealthy", tainted: "NodeUnhealthy"}, status()
         assert "this job excludes" in said and faulty in said and tainted in said, said
     finally:
-        core.patch_node(tainted, {"spec": {"taints": before or None}})
+        bring_back_node(core, three_nodes.node_named(tainted), "taint")
     clear = {"status": {"excludedNodes": None}}  # docs/reference.md's kubectl patch, as a merge patch
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "sick", clear)
     final = wait_for("the job to end", lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600)
