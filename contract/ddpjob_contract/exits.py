@@ -34,6 +34,13 @@ SUMMARY_STEP_SECONDS = "step_seconds_mean"
 """Mean wall time of a step, the warm-up left out (absent when the run was not timed)."""
 SUMMARY_SAMPLES_PER_SECOND = "samples_per_second"
 """This process's samples per second over the same steps (absent when the run was not timed)."""
+SUMMARY_CHECKPOINT_STEP = "checkpoint_step"
+"""The newest complete checkpoint this process saved or resumed from (absent: none). The ranks exit right after
+the last save, before a poll of their metrics can see it: without it, status.lastCheckpoint ended a run behind."""
+SUMMARY_CHECKPOINT_TIME = "checkpoint_time"
+"""Unix time that checkpoint was saved at (absent: unknown)."""
+SUMMARY_CHECKPOINT_SAVE_SECONDS = "checkpoint_save_seconds"
+"""How long this run took to save it, every rank's part included (absent: resumed from, not saved)."""
 SUMMARY_RESTARTS = "restarts"
 """In-place restarts of the gang's processes before this process (its TORCHELASTIC_RESTART_COUNT); absent for
 none. The operator counts them from its polls, and from here those its polls missed at the end of a run."""

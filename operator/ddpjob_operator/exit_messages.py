@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ddpjob_contract import exits
 from ddpjob_operator.progress import Checkpoint, ProgressStatus, RankProgress
@@ -27,6 +27,8 @@ class ExitSummary:
     step_seconds: float | None
     restarts: int = 0
     """In-place restarts of the gang's processes before the one that wrote it."""
+    checkpoint: Checkpoint | None = None
+    """The newest complete checkpoint that process saved or resumed from."""
 
 
 def parse(message: str) -> ExitSummary | None:
@@ -45,6 +47,19 @@ def parse(message: str) -> ExitSummary | None:
         samples_per_second=_number(raw.get(exits.SUMMARY_SAMPLES_PER_SECOND)),
         step_seconds=_number(raw.get(exits.SUMMARY_STEP_SECONDS)),
         restarts=int(_number(raw.get(exits.SUMMARY_RESTARTS)) or 0),
+        checkpoint=_checkpoint(raw),
+    )
+
+
+def _checkpoint(raw: Mapping[str, object]) -> Checkpoint | None:
+    step = _number(raw.get(exits.SUMMARY_CHECKPOINT_STEP))
+    if step is None or step <= 0:
+        return None
+    saved_at = _number(raw.get(exits.SUMMARY_CHECKPOINT_TIME))
+    return Checkpoint(
+        step=int(step),
+        time=datetime.fromtimestamp(saved_at, UTC).replace(microsecond=0) if saved_at else None,
+        save_seconds=_number(raw.get(exits.SUMMARY_CHECKPOINT_SAVE_SECONDS)),
     )
 
 
@@ -96,15 +111,29 @@ def restarts_in_place(pods: Iterable[PodView]) -> int:
     return max((s.restarts for s in said if s is not None), default=0)
 
 
-def stopped_checkpoint(pods: Iterable[PodView], known: Checkpoint | None) -> Checkpoint | None:
-    """The checkpoint a gang saved as it stopped (a suspend, a preemption), from a rank's exit message
-    (``exits.stopped_step``), or ``known`` if that is not newer. The ranks exit right after the save, before a
-    poll of their metrics can see it. Its time is the rank's exit, just after the save; its save time is the last
-    one measured (the same model to the same storage), which the next attempt's grace period is sized from."""
+def saved_checkpoint(pods: Iterable[PodView], known: Checkpoint | None) -> Checkpoint | None:
+    """The newest checkpoint the ranks' exit messages name, or ``known`` if none is newer. The ranks exit right
+    after their last save, before a poll of their metrics can see it.
+
+    A gang that stopped (a suspend, a preemption) says the step it saved (``exits.stopped_step``): its time is the
+    rank's exit, just after the save, and its save time the last one measured (the same model to the same
+    storage), which the next attempt's grace period is sized from. A rank that finished says its newest checkpoint
+    in its summary (``exits.SUMMARY_CHECKPOINT_STEP``), with the time it was saved at."""
     best = known
     for pod in pods:
-        step = exits.stopped_step(pod.message) if pod.exit_code == exits.EXIT_SIGTERM else None
-        if step is not None and (best is None or step > best.step):
-            measured = best.save_seconds if best else None
-            best = Checkpoint(step=step, time=to_time(pod.finished_at), save_seconds=measured)
+        found = _finished_checkpoint(pod) if pod.succeeded else _stopped_checkpoint(pod, best)
+        if found is not None and (best is None or found.step > best.step):
+            best = found
     return best
+
+
+def _finished_checkpoint(pod: PodView) -> Checkpoint | None:
+    summary = parse(pod.message)
+    return summary.checkpoint if summary else None
+
+
+def _stopped_checkpoint(pod: PodView, known: Checkpoint | None) -> Checkpoint | None:
+    step = exits.stopped_step(pod.message) if pod.exit_code == exits.EXIT_SIGTERM else None
+    if step is None:
+        return None
+    return Checkpoint(step=step, time=to_time(pod.finished_at), save_seconds=known.save_seconds if known else None)

@@ -195,7 +195,7 @@ def plan(
     state of deleted pods that stopped after saving a checkpoint (``podcache.PodIndex.stopped``). ``nodes``: the
     nodes known to be lost or sick (``policies.node_loss``).
     """
-    saved = exit_messages.stopped_checkpoint([*pods, *stopped], old.last_checkpoint)
+    saved = exit_messages.saved_checkpoint([*pods, *stopped], old.last_checkpoint)
     old = replace(old, last_checkpoint=saved)
     excluded = tuple(e for e in old.excluded_nodes if node_loss.still_excluded(e.since, now, nodes.exclusion_seconds))
     old = replace(old, excluded_nodes=excluded)

@@ -96,12 +96,16 @@ def test_a_finished_run_leaves_its_final_numbers_as_one_json_line_at_the_termina
     message = tmp_path / "termination-log"
     message.touch()  # the kubelet makes it; where there is none, nothing is written (the next test)
     with processes() as procs:
-        done = procs.wait(procs.start(trainer(*TINY, "--steps", "5"), clean_env(TERMINATION_MESSAGE_PATH=str(message))))
+        args = trainer(*TINY, "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "2")
+        done = procs.wait(procs.start(args, clean_env(TERMINATION_MESSAGE_PATH=str(message))))
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
     lines = message.read_text().splitlines()
     assert len(lines) == 1, lines
     summary = json.loads(lines[0])
     assert summary["step"] == 5
+    # The last save (step 5, the end), which the ranks exit right after: no poll of their metrics sees it.
+    assert summary["checkpoint_step"] == 5 and summary["checkpoint_save_seconds"] > 0, summary
+    assert abs(summary["checkpoint_time"] - time.time()) < 120, summary
     assert summary["samples"] == 5 * 4  # every step of this process, batch 4
     assert 0 < summary["step_seconds_mean"] < 60
     assert summary["samples_per_second"] == pytest.approx(4 / summary["step_seconds_mean"], rel=0.25)

@@ -771,6 +771,22 @@ def test_a_succeeded_job_shows_the_final_step_and_rate_its_ranks_left_in_their_e
     assert final.to_dict()["final"] is True and final.to_dict()["stepTime"] == "18.5ms"
 
 
+def test_a_succeeded_job_names_the_last_checkpoint_its_ranks_saved_after_the_last_poll() -> None:
+    """A job that checkpointed up to step 400 ended showing step 300: the ranks exit right after the last save,
+    before a poll sees it. Their exit summaries name it (``exits.SUMMARY_CHECKPOINT_STEP``)."""
+    c = running(2)
+    c.metrics = {r: RankSample(ready=True, step=350.0, checkpoint_step=300.0) for r in range(2)}
+    c.poll()
+    assert c.status.last_checkpoint is not None and c.status.last_checkpoint.step == 300
+    saved = int((T0 + timedelta(seconds=30)).timestamp())
+    last = f',"checkpoint_step":400,"checkpoint_time":{saved},"checkpoint_save_seconds":0.25}}'
+    for rank in range(2):
+        c.set(rank, phase="Succeeded", exit_code=0, message=summary(400, 870.0, 0.0184)[:-1] + last)
+    c.settle()
+    assert c.status.phase is Phase.SUCCEEDED
+    assert c.status.last_checkpoint == Checkpoint(step=400, time=T0 + timedelta(seconds=30), save_seconds=0.25)
+
+
 def test_without_an_exit_summary_from_every_rank_the_polled_figures_stay() -> None:
     c = running(2)
     c.set(0, phase="Succeeded", exit_code=0, message=summary(500, 870.0, 0.0184))

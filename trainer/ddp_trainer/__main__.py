@@ -64,7 +64,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         message = f"lost a peer or a collective timed out: {_one_line(err)}"
         return _fail(path, message, "retryable", exits.EXIT_RETRYABLE)
     summary = report.exit_summary(
-        result.steps, result.timings, compiled=cfg.model.compile, restarts=launch.restart_count
+        result.steps,
+        result.timings,
+        compiled=cfg.model.compile,
+        restarts=launch.restart_count,
+        checkpoint=result.checkpoint,
     )
     _leave_message(path, json.dumps(summary, separators=(",", ":")))
     return exits.EXIT_OK

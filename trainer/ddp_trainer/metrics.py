@@ -64,6 +64,17 @@ class StepTiming:
         return not math.isnan(self.step_seconds)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Saved:
+    """The newest complete checkpoint this process saved or resumed from."""
+
+    step: int
+    saved_at: float
+    """Unix time (0: unknown)."""
+    save_seconds: float | None
+    """How long this run took to save it (None: resumed from)."""
+
+
 class _Quiet(WSGIRequestHandler):
     """No access log line per scrape on the trainer's output."""
 
@@ -77,6 +88,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.readers = Readers()
+        self.newest_checkpoint: Saved | None = None
         ProcessCollector(registry=self.registry)
         self.step_seconds = Histogram(
             _base(STEP_SECONDS, ""),
@@ -155,6 +167,7 @@ class Metrics:
 
     def checkpointed(self, step: int, saved_at: float, save_seconds: float | None = None) -> None:
         """A checkpoint of ``step`` exists (saved at Unix time ``saved_at``; ``save_seconds``: by this run)."""
+        self.newest_checkpoint = Saved(step=step, saved_at=saved_at, save_seconds=save_seconds)
         self.last_checkpoint_step.set(step)
         self.last_checkpoint_time.set(saved_at)
         if save_seconds is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ddp_trainer.config import Config
-from ddp_trainer.metrics import PHASES, StepTiming
+from ddp_trainer.metrics import PHASES, Saved, StepTiming
 from ddpjob_contract import exits
 
 COLUMNS = ("model", "world", "batch/rank", "img/s", "img/s/rank", "step ms", *(f"{p} ms" for p in PHASES))
@@ -27,7 +27,12 @@ def _measured(timings: Sequence[StepTiming], compiled: bool) -> tuple[Sequence[S
 
 
 def exit_summary(
-    steps: int, timings: Sequence[StepTiming], *, compiled: bool = False, restarts: int = 0
+    steps: int,
+    timings: Sequence[StepTiming],
+    *,
+    compiled: bool = False,
+    restarts: int = 0,
+    checkpoint: Saved | None = None,
 ) -> dict[str, float]:
     """This rank's final numbers, for its termination message: the same means as the summary table.
 
@@ -41,6 +46,12 @@ def exit_summary(
         out[exits.SUMMARY_SAMPLES_PER_SECOND] = round(per_rank, 3)
     if restarts:
         out[exits.SUMMARY_RESTARTS] = restarts
+    if checkpoint is not None:
+        out[exits.SUMMARY_CHECKPOINT_STEP] = checkpoint.step
+        if checkpoint.saved_at > 0:
+            out[exits.SUMMARY_CHECKPOINT_TIME] = round(checkpoint.saved_at, 3)
+        if checkpoint.save_seconds is not None:
+            out[exits.SUMMARY_CHECKPOINT_SAVE_SECONDS] = round(checkpoint.save_seconds, 3)
     return out
 
 

@@ -26,7 +26,7 @@ from ddp_trainer import checkpoint, compiling, data, distributed, models, signal
 from ddp_trainer.config import Config, OptimConfig
 from ddp_trainer.errors import ConfigError, DataError, Stopped
 from ddp_trainer.launch import Launch
-from ddp_trainer.metrics import Metrics, StepTiming
+from ddp_trainer.metrics import Metrics, Saved, StepTiming
 from ddp_trainer.report import summary_lines
 from ddp_trainer.stop_vote import StopVote
 from ddpjob_contract.metrics import RESTART_REASON_LABEL
@@ -55,6 +55,8 @@ class Result:
     steps: int
     model: nn.Module
     timings: list[StepTiming]
+    checkpoint: Saved | None = None
+    """The newest complete checkpoint this run saved or resumed from."""
 
 
 @dataclass
@@ -274,7 +276,7 @@ def _train(cfg: Config, d: distributed.Dist, metrics: Metrics) -> Result:
     if d.is_main:
         for line in summary_lines(cfg, d.world_size, d.backend, str(d.device), timings):
             log.info("%s", line)
-    return Result(steps=pos.step, model=parts.model, timings=timings)
+    return Result(steps=pos.step, model=parts.model, timings=timings, checkpoint=metrics.newest_checkpoint)
 
 
 def _slow(cfg: Config, rank: int, step: int) -> bool:
