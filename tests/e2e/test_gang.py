@@ -106,7 +106,7 @@ def test_a_higher_priority_gang_preempts_a_running_one_whole_which_resumes_from_
         },
     )
     slow = ["--checkpoint-interval", "10", "--slow-rank", "0", "--slow-seconds", "0.1"]
-    victim = gang_job("victim", "Auto", steps=300, checkpoint={"claimName": "ckpt"}, runPolicy={"backoffLimit": 0})
+    victim = gang_job("victim", "Auto", steps=150, checkpoint={"claimName": "ckpt"}, runPolicy={"backoffLimit": 0})
     victim["spec"]["template"]["spec"]["priorityClassName"] = low
     victim["spec"]["template"]["spec"]["containers"][0]["args"] += slow
     jobs.create(victim)

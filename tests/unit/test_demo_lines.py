@@ -71,4 +71,4 @@ def test_the_demo_reads_the_trainer_s_steps_as_the_trainer_does(job: dict[str, A
 
 def test_the_demo_s_job_gives_its_last_step_and_its_linger() -> None:
     job = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d.get("kind") == "DDPJob")
-    assert (trainer_option(job, "--steps"), trainer_option(job, "--metrics-linger-seconds")) == (500.0, 10.0)
+    assert (trainer_option(job, "--steps"), trainer_option(job, "--metrics-linger-seconds")) == (300.0, 10.0)
