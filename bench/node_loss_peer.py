@@ -28,11 +28,30 @@ from bench.apiserver import Api
 from bench.common import log, machine, table, wait_until, write_results
 from bench.node_loss import bring_back_node, cut_node, job_body, pod_lines, shared_claim
 from bench.peer_operator import TrainingOperator, install_training_operator, pytorchjobs_path
-from ddpjob_box import toolchain
+from ddpjob_box import images, toolchain
 from ddpjob_box.box import Box
 from ddpjob_box.processes import tail
 
 JOB_LABEL = "training.kubeflow.org/job-name"
+INIT_CONTAINER = """
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits: {cpu: 100m, memory: 64Mi}
+    requests: {cpu: 50m, memory: 32Mi}
+  command:
+    - sh
+    - -c
+    - >-
+      for i in $(seq {{.MaxTries}}); do getent hosts {{.MasterAddr}} && exit 0;
+      echo waiting for master; sleep 2; done; exit 1
+"""
+"""training-operator's own init container template (``pkg/controller.v1/pytorch/initcontainer.go``: each Worker waits
+for the Master's name before it starts), with ``getent`` for ``nslookup``: its default image (``alpine``) is served by
+no registry here, so it runs in the trainer image, as an admin without registry access would set it up with
+``--pytorch-init-container-template-file`` and ``--pytorch-init-container-image``. The memory limit is raised from
+20Mi to leave room for a shell under this box's containerd."""
 REPLICA_LABEL = "training.kubeflow.org/replica-type"
 
 
@@ -155,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             assert box.plane is not None
             client = Api(box.plane.server, box.plane.admin_token, str(box.plane.ca_file))
             install_training_operator(client)
-            operator = TrainingOperator(client, box.plane.kubeconfig, Path(tmp) / "training-operator.log")
+            template = Path(tmp) / "init-container.yaml"
+            template.write_text(INIT_CONTAINER)
+            flags = [f"--pytorch-init-container-template-file={template}",
+                     f"--pytorch-init-container-image={images.image_name('trainer')}"]  # fmt: skip
+            operator = TrainingOperator(client, box.plane.kubeconfig, Path(tmp) / "training-operator.log", flags)
             api = config.new_client_from_config(config_file=str(box.plane.kubeconfig))
             namespace = "node-loss-peer"
             client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": namespace}})

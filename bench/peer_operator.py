@@ -117,7 +117,7 @@ class TrainingOperator:
     """training-operator as its own process, with the admin's kubeconfig; its webhook certificate is copied from
     the Secret its cert rotator fills to the directory it reads, as a Secret volume would."""
 
-    def __init__(self, client: Api, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(self, client: Api, kubeconfig: Path, log_path: Path, flags: Sequence[str] = ()) -> None:
         binary = toolchain.ensure(toolchain.training_operator_build())["training-operator"]
         self.log_path = log_path
         ports = [f"--metrics-bind-address=127.0.0.1:{free_port()}",
@@ -125,7 +125,7 @@ class TrainingOperator:
                  f"--webhook-server-port={free_port()}"]  # fmt: skip
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), MY_POD_NAMESPACE=TO_NAMESPACE)
         with open(log_path, "wb") as out:
-            self.proc = spawn([str(binary), *TO_FLAGS, *ports], stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = spawn([str(binary), *TO_FLAGS, *flags, *ports], stdout=out, stderr=subprocess.STDOUT, env=env)
         self._mount_certificate(client)
 
     @property
