@@ -53,7 +53,7 @@ class Api:
 
     def raw(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> bytes:
         payload = None if body is None else json.dumps(body).encode()
-        for attempt in (1, 2):  # a keep-alive connection the server closed is reopened once
+        for attempt in (1, 2):  # a keep-alive connection the server closed (idle, or mid-TLS) is reopened once
             conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
             if conn is None:
                 conn = self._local.conn = self._connection()
@@ -61,7 +61,7 @@ class Api:
                 conn.request(method, path, body=payload, headers=self._headers(content_type))
                 response = conn.getresponse()
                 data = response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
                 conn.close()
                 self._local.conn = None
                 if attempt == 2:
