@@ -72,7 +72,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, STOPPING, log, machine, stop_on_sigterm, table, wait_until, write_results
+from bench.common import (
+    RESULTS_DIR,
+    STOPPING,
+    log,
+    machine,
+    need_trainer,
+    stop_on_sigterm,
+    table,
+    wait_until,
+    write_results,
+)
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS
@@ -1093,6 +1103,7 @@ def summary(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    need_trainer("python -m bench.chaos")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)

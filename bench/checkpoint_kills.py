@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, RESULTS_DIR, hermetic_environ, log, machine, table, write_results
+from bench.common import REPO, RESULTS_DIR, hermetic_environ, log, machine, need_trainer, table, write_results
 
 NAME = "checkpoint_kills"
 TEMP = re.compile(r"^\.step-(\d{9})\.pt\.tmp-\d+$")
@@ -123,6 +123,7 @@ def write_time(directory: Path) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.checkpoint_kills")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)

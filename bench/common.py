@@ -7,6 +7,7 @@ repeated at least five times. We report the median of the per-pair ratios and th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -240,6 +241,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+TRAINER_PACKAGES = ("torch", "torchvision")
+"""What a benchmark that runs the trainer, or reads its checkpoints, on this host imports: the ``trainer`` extra,
+which ``make setup`` and ``make test`` install and ``make demo`` does not (its venv runs the box and the chart)."""
+
+
+def need_trainer(command: str) -> None:
+    """Stop before anything runs, in one line, when this virtualenv lacks the trainer's packages."""
+    missing = [name for name in TRAINER_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"{command} needs {' and '.join(missing)}, which this virtualenv lacks (`make demo` installs only what "
+            "the box and the chart need): run `make setup`, which installs them, then run it again"
+        )
 
 
 def machine() -> dict[str, Any]:

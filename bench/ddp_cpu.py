@@ -30,6 +30,7 @@ from bench.common import (
     compare,
     log,
     machine,
+    need_trainer,
     percentile,
     ratio_lines,
     ratio_targets,
@@ -90,6 +91,7 @@ def summarize(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.ddp_cpu")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser)
     parser.add_argument("--world-sizes", default="1,2", help="comma-separated; efficiency compares the first two")

@@ -40,6 +40,7 @@ from bench.common import (
     alternate,
     log,
     machine,
+    need_trainer,
     paired_ratios,
     run_child,
     table,
@@ -107,6 +108,7 @@ def summarize(runs: Mapping[str, list[dict[str, Any]]], device: str) -> tuple[li
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.gpu_recipe")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser, preset="gpu")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import REPO, RESULTS_DIR, hermetic_environ, log, machine, table, write_results
+from bench.common import REPO, RESULTS_DIR, hermetic_environ, log, machine, need_trainer, table, write_results
 from ddpjob_box.ports import free_port
 
 NAME = "gpu_supervised"
@@ -189,6 +189,7 @@ def throughput(args: list[str], base: dict[str, str], *, steps: int, repeats: in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    need_trainer("python -m bench.gpu_supervised")
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_supervised", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--steps", type=int, default=300, help="steps of the killed-child run")

@@ -30,6 +30,7 @@ from bench.common import (
     compare,
     log,
     machine,
+    need_trainer,
     ratio_lines,
     ratio_targets,
     run_child,
@@ -73,6 +74,7 @@ class Scraper:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.instrumentation")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser)
     parser.add_argument("--scrape-seconds", type=float, default=SCRAPE_SECONDS, help="scrape interval when on")

@@ -28,6 +28,7 @@ from bench.common import (
     compare,
     log,
     machine,
+    need_trainer,
     ratio_lines,
     ratio_targets,
     run_child,
@@ -48,6 +49,7 @@ def command(w: workload.Workload, world_size: int, checkpoint_dir: Path, stop: S
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.stop_vote")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser)
     parser.add_argument("--world-size", type=int, default=2, help="ranks (the vote is a no-op at 1)")

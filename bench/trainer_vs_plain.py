@@ -23,6 +23,7 @@ from bench.common import (
     compare,
     log,
     machine,
+    need_trainer,
     ratio_lines,
     ratio_targets,
     run_child,
@@ -45,6 +46,7 @@ def plain_loop(w: workload.Workload) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    need_trainer("python -m bench.trainer_vs_plain")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
