@@ -100,6 +100,21 @@ def after_stepping(
     return None
 
 
+def final_figures(status: Mapping[str, Any]) -> str | None:
+    """Once the job has ended, its run's own final figures (``status.progress``, from the ranks' exit summaries) in
+    place of the ranks' last readings, which show 0.0 img/s once they have exited; None without final figures."""
+    progress = status.get("progress") or {}
+    if not progress.get("final"):
+        return None
+    ranks = "   ".join(f"rank {r.get('rank')}: step {r.get('step', 0):5.0f}" for r in progress.get("ranks") or [])
+    said = [ranks] if ranks else []
+    if progress.get("samplesPerSecond") is not None:
+        said.append(f"{progress['samplesPerSecond']:.1f} img/s in all")
+    if progress.get("stepTime"):
+        said.append(f"{progress['stepTime']} a step")
+    return "   ".join(said) + " (the run's final figures)"
+
+
 class Demo:
     def __init__(self, box: Box, kubectl: Path):
         assert box.plane is not None
@@ -173,7 +188,8 @@ class Demo:
                 trainer_option(job, "--metrics-linger-seconds"),
                 exited,
             )
-            shown = rest if rest and phase not in ("Succeeded", "Failed") else "   ".join(ranks)
+            ended = phase in ("Succeeded", "Failed")
+            shown = (final_figures(status) if ended else rest) or "   ".join(ranks)
             restarts = status.get("restarts", 0)
             print(f"{time.strftime('%H:%M:%S')}  {phase:<10} restarts {restarts}  {shown}", flush=True)
             if phase in ("Succeeded", "Failed"):

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpjob_box.demo import MANIFEST, after_stepping, trainer_option
+from ddpjob_box.demo import MANIFEST, after_stepping, final_figures, trainer_option
 
 LINGER = "metrics served until Prometheus reads them, up to 10s; then a last barrier"
 
@@ -72,3 +72,20 @@ def test_the_demo_reads_the_trainer_s_steps_as_the_trainer_does(job: dict[str, A
 def test_the_demo_s_job_gives_its_last_step_and_its_linger() -> None:
     job = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d.get("kind") == "DDPJob")
     assert (trainer_option(job, "--steps"), trainer_option(job, "--metrics-linger-seconds")) == (300.0, 10.0)
+
+
+def test_after_the_job_ends_the_demo_shows_the_runs_final_figures_not_its_exited_ranks_zero_rate() -> None:
+    """The last line after Succeeded showed `0.0 img/s` per rank: the ranks had exited, so nothing was read."""
+    progress = {
+        "final": True,
+        "step": 300,
+        "samplesPerSecond": 1730.0,
+        "stepTime": "18.5ms",
+        "ranks": [{"rank": 0, "pod": "cpu-ddp-0", "step": 300}, {"rank": 1, "pod": "cpu-ddp-1", "step": 300}],
+    }
+    line = final_figures({"phase": "Succeeded", "progress": progress})
+    assert line == (
+        "rank 0: step   300   rank 1: step   300   1730.0 img/s in all   18.5ms a step (the run's final figures)"
+    )
+    assert final_figures({"phase": "Succeeded", "progress": {**progress, "final": False}}) is None
+    assert final_figures({"phase": "Failed"}) is None
