@@ -90,11 +90,10 @@ def _child(argv: list[str], restart: int, why: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.environ[ENV_RESTART_COUNT] = str(restart)
     os.environ[ENV_RESTART_REASON] = why  # with the count: a child never supervises itself (``launch.under_agent``)
-    from ddp_trainer import __main__ as cli
-    from ddp_trainer import signals
+    from ddp_trainer import program, signals
 
     signals.install()
-    sys.exit(cli.main(argv))
+    sys.exit(program.main(argv))
 
 
 class Supervisor:
