@@ -55,6 +55,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 FROM base AS source
 WORKDIR /src
 COPY pyproject.toml ./
+COPY cli/ddpjob_cli cli/ddpjob_cli
 COPY contract/ddpjob_contract contract/ddpjob_contract
 COPY operator/ddpjob_operator operator/ddpjob_operator
 COPY trainer/ddp_trainer trainer/ddp_trainer
@@ -69,7 +70,7 @@ RUN /opt/ddpjob/bin/pip install --no-deps --no-build-isolation --target /opt/ddp
 FROM deps-trainer AS build-trainer
 COPY --from=source /src /src
 RUN /opt/ddpjob/bin/pip install --no-deps --no-build-isolation --target /opt/ddpjob/app /src \
-    && rm -rf /opt/ddpjob/app/ddpjob_box /opt/ddpjob/app/ddpjob_operator /opt/ddpjob/app/bin
+    && rm -rf /opt/ddpjob/app/ddpjob_box /opt/ddpjob/app/ddpjob_cli /opt/ddpjob/app/ddpjob_operator /opt/ddpjob/app/bin
 
 FROM deps-operator AS operator
 COPY --from=build-operator /opt/ddpjob/app /opt/ddpjob/app

@@ -13,7 +13,7 @@ checkpoints every 10 steps in a namespace no other run uses meanwhile, then inje
 chosen and timed by ``random.Random(f"{seed}:{run}")``, each once the job runs again, and waits for the
 job to end: a killed rank (its training process, which its supervisor restarts in place, or its container's first
 process), a hung one (its training process SIGSTOPped) or a deleted one; the operator SIGKILLed, or armed at a fault
-point (``ddpjob_operator.faults``: it exits at its next pod creation or deletion, in whichever job's work);
+point (``ddpjob_contract.faults``: it exits at its next pod creation or deletion, in whichever job's work);
 kubelet, kube-apiserver or etcd restarted; suspend then resume; a spec edit (what may change while it
 runs, and a template change, which CEL must refuse); the job, or its whole namespace, deleted while it
 runs (always the run's last fault). With ``--parallel N``, N runs go on at once: a restart of kubelet,
@@ -86,10 +86,10 @@ from bench.common import (
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS
+from ddpjob_contract import faults as operator_faults
 from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT
 from ddpjob_contract.status import Reason
-from ddpjob_operator import faults as operator_faults
 
 NAME = "chaos"
 SLOT = "example.com/slot"
@@ -109,7 +109,7 @@ BOX_FAULTS = ("kill-operator", "kill-operator-at-point", "restart-kubelet", "res
 ENDING = ("delete-job", "delete-namespace")
 """Faults that end the run: the job, or its whole namespace, deleted while it runs. Drawn, they come last."""
 OPERATOR_POINTS = ("pod-created:1", "pod-created:2", "pod-deleted:1")
-"""Where kill-operator-at-point arms the operator (ddpjob_operator.faults): it exits at its next pass there,
+"""Where kill-operator-at-point arms the operator (ddpjob_contract.faults): it exits at its next pass there,
 in whichever job's work brings it, between one rank's pod and the next, or mid gang restart."""
 NAMESPACE_GONE_SECONDS = 120
 """How long a deleted namespace may take to go while the control plane is whole (its pods' grace included)."""

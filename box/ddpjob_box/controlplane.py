@@ -26,6 +26,7 @@ from types import TracebackType
 
 from ddpjob_box import audit, toolchain
 from ddpjob_box.errors import BoxError
+from ddpjob_box.kubenode.leftovers import RECORD, recover
 from ddpjob_box.pki import make_pki
 from ddpjob_box.ports import free_port, require_free
 from ddpjob_box.processes import Component, Supervisor, exited, tail, wait_until
@@ -60,8 +61,6 @@ def _lock_owner(lock: Path) -> tuple[int, bool]:
 
 def _undo(data_dir: Path) -> None:
     """Put back what the nodes of a killed box changed on the host, then remove its data directory."""
-    from ddpjob_box.kubenode.node import RECORD, recover
-
     for record in data_dir.glob(f"*/{RECORD}"):
         recover(record.parent)  # a killed node's pods, shims, mounts, cgroups, bridge and chains
     shutil.rmtree(data_dir)

@@ -532,7 +532,7 @@ REGISTRY = "ghcr.io/ddpjob"
 TARGETS = ("operator", "trainer")
 # Packages listed in pyproject.toml that a target's image does not keep (its Dockerfile stage deletes them),
 # so a change to them does not rebuild that image.
-DROPPED = {"operator": {"ddpjob_box"}, "trainer": {"ddpjob_box", "ddpjob_operator"}}
+DROPPED = {"operator": {"ddpjob_box"}, "trainer": {"ddpjob_box", "ddpjob_cli", "ddpjob_operator"}}
 
 
 def pip_cache() -> Path:

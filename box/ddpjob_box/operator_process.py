@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpjob_box.processes import spawn, tail
-from ddpjob_operator import faults as operator_faults
+from ddpjob_contract import faults as operator_faults
 
 REPO = Path(__file__).resolve().parents[2]
 # Kopf's log lines for a request it is about to try again (kopf/_cogs/clients/api.py).

@@ -1,7 +1,7 @@
-"""The `ddpjob` command.
+"""The operator's commands of `ddpjob` (``ddpjob_cli``): `operator` (alias `run`) starts the Kopf operator, `report`
+draws a job's training. ``python -m ddpjob_operator`` runs them alone, as the operator's image does.
 
-Subcommands live in ``COMMANDS``: name -> (help, add_arguments, run). Adding one (e.g. `cluster`)
-is one entry; `operator` (alias `run`) starts the Kopf operator.
+Each is one entry of ``COMMANDS``: name -> (help, add_arguments, run). ``main`` builds the parser from such a table.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -87,18 +87,6 @@ def _run_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    from ddpjob_box.cli import add_arguments
-
-    add_arguments(parser)
-
-
-def _run_cluster(args: argparse.Namespace) -> int:
-    from ddpjob_box.cli import run
-
-    return run(args)
-
-
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
     from ddpjob_operator.report import add_arguments
 
@@ -112,7 +100,6 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
-    "cluster": ("the cluster in a box for tests and demos (`ddpjob cluster up`)", _cluster_arguments, _run_cluster),
     "operator": ("run the operator (Kopf) against the cluster in KUBECONFIG", _operator_arguments, _run_operator),
     "report": (
         "PNG plots and a text summary of a job's training (step time, phases, throughput)",
@@ -123,14 +110,15 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, commands: Mapping[str, tuple[str, AddArguments, Run]] = COMMANDS) -> int:
+    """Parse ``argv`` against ``commands`` and run the one it names."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="ddpjob", description="DDPJob: PyTorch DDP training on Kubernetes")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Only the chosen command's arguments are built: `cluster` imports the box, which the operator's
     # image does not ship, so `ddpjob operator` must never import it.
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (help_, add_arguments, run) in COMMANDS.items():
+    for name, (help_, add_arguments, run) in commands.items():
         command = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             add_arguments(command)

@@ -26,8 +26,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Protocol
 
+from ddpjob_contract import faults
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import builders, faults, metrics, queueing
+from ddpjob_operator import builders, metrics, queueing
 from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed

@@ -19,7 +19,7 @@ import pytest
 from ddpjob_box import images, toolchain
 from ddpjob_box.controlplane import LOCK_FILE, ControlPlane, claim_data_dir, lock_line, sweep_killed_boxes
 from ddpjob_box.errors import BoxError
-from ddpjob_box.kubenode.node import RECORD
+from ddpjob_box.kubenode.leftovers import RECORD
 from ddpjob_box.processes import exited, tail
 
 REPO = Path(__file__).resolve().parents[2]

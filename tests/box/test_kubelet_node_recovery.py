@@ -26,7 +26,7 @@ from ddpjob_box import images
 from ddpjob_box.controlplane import claim_data_dir
 from ddpjob_box.kubenode import hoststate
 from ddpjob_box.kubenode.configs import NodeLayout
-from ddpjob_box.kubenode.node import RECORD
+from ddpjob_box.kubenode.leftovers import RECORD
 from tests.conftest import Cluster
 from tests.e2e.kube import wait_for
 

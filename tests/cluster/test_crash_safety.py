@@ -19,8 +19,8 @@ import pytest
 
 from ddpjob_box.operator_process import error_lines
 from ddpjob_box.ports import free_port
+from ddpjob_contract import faults
 from ddpjob_contract.pods import LABEL_ATTEMPT
-from ddpjob_operator import faults
 from ddpjob_operator.controller import CREATE_PARALLELISM
 
 from .helpers import Raw, job_body, wait_for

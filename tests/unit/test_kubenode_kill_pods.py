@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_box.kubenode import hoststate, node
+from ddpjob_box.kubenode import hoststate, leftovers
 from ddpjob_box.processes import exited
 
 
@@ -41,7 +41,7 @@ def test_stopping_a_node_kills_its_pods_processes_and_leaves_another_nodes_runni
     ours, theirs = sleeper(), sleeper()
     _pod_cgroup(tmp_path, "ddpjob-kubelet-ours", ours.pid)
     _pod_cgroup(tmp_path, "ddpjob-kubelet-theirs", theirs.pid)  # a node started after ours: new since before
-    node.kill_pods(before, tmp_path / "containerd.sock", "/ddpjob-kubelet-ours")
+    leftovers.kill_pods(before, tmp_path / "containerd.sock", "/ddpjob-kubelet-ours")
     assert ours.wait(timeout=10) == -9, "its own pod's process is SIGKILLed"
     assert theirs.poll() is None and not exited(theirs.pid), "the other node's pod runs on"
 

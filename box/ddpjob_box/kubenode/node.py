@@ -9,7 +9,6 @@ itself, then puts the host back as the snapshot found it.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import ipaddress
@@ -20,7 +19,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -33,7 +31,6 @@ from ddpjob_box.controlplane import SERVICE_CIDR, ControlPlane
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode import hoststate, store
 from ddpjob_box.kubenode.configs import (
-    CONTAINERD_NAMESPACE,
     KUBELET_SOCKET,
     SOCKETS_ROOT,
     KubeletSettings,
@@ -46,15 +43,22 @@ from ddpjob_box.kubenode.configs import (
     to_json,
 )
 from ddpjob_box.kubenode.containerd import Importer, start_containerd
+from ddpjob_box.kubenode.leftovers import (
+    HOST_RECORD,
+    RECORD,
+    cgroup_pids,
+    kill_pods,
+    live_nodes,
+    processes,
+    remove_containers,
+    restore,
+)
 from ddpjob_box.pki import issue_cert
 from ddpjob_box.ports import free_port
-from ddpjob_box.processes import Component, Supervisor, children, exited, tail, wait_until
+from ddpjob_box.processes import Component, Supervisor, children, tail, wait_until
 
 # The tenth address of the service range, as kubeadm gives CoreDNS.
 CLUSTER_DNS = str(ipaddress.IPv4Network(SERVICE_CIDR).network_address + 10)
-RECORD = "node-record.json"
-# The host as the first of several nodes found it, restored by the last to stop.
-HOST_RECORD = SOCKETS_ROOT / "host-before.json"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 # Held by the node that runs kube-proxy, for as long as it runs: Service rules are host-wide (kube-proxy rewrites
 # the KUBE-SERVICES chain with its own cluster's Services), so a second box's kube-proxy would send this box's
@@ -464,12 +468,12 @@ class KubeletNode:
         if self.coredns:
             self.coredns.stop()
         if self.proxy_lock is not None:
-            # Removed while still held, so the last node leaves /run/ddpjob empty for _restore to remove.
+            # Removed while still held, so the last node leaves /run/ddpjob empty for leftovers.restore to remove.
             PROXY_LOCK.unlink(missing_ok=True)
             self.proxy_lock.close()
             self.proxy_lock = None
         if self.before is not None:
-            self.leftovers = _restore(self.before, self.layout, self.bridge, self.cgroup_root)
+            self.leftovers = restore(self.before, self.layout, self.bridge, self.cgroup_root)
             if self.leftovers:
                 print(f"kubelet node {self.name}: teardown left {'; '.join(self.leftovers)}", flush=True)
             (self.directory / RECORD).unlink(missing_ok=True)
@@ -487,7 +491,7 @@ class KubeletNode:
             if top == str(pids):
                 dirs[:] = [d for d in dirs if d.startswith("kubepods")]
             if ident in dirs:
-                first = first_process({pid: _status(pid) for pid in _cgroup_pids(Path(top) / ident)})
+                first = first_process({pid: _status(pid) for pid in cgroup_pids(Path(top) / ident)})
                 if first is not None:
                     return first
         raise BoxError(f"no process of container {ident} under {pids}: is it running?")
@@ -506,94 +510,6 @@ class KubeletNode:
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {c.name} ({c.log_path}):\n{tail(c.log_path)}" for c in self.components)
-
-
-def recover(directory: Path) -> bool:
-    """Undo a node whose box was killed outright (its kubelet and containerd died with it, but the shims and
-    pods did not); False when ``directory`` holds no record of a node that was not stopped."""
-    record = directory / RECORD
-    if not record.exists():
-        return False
-    data = json.loads(record.read_text())
-    before = hoststate.HostState(**data["before"])
-    # The store keeps its .in-use mark (its containers were never removed): the next node to lease it removes them.
-    layout = NodeLayout(directory, Path(data.get("store", directory / "containerd" / "root")))
-    cgroup_root = data.get("cgroup_root", "")
-    kill_pods(before, layout.containerd_socket, cgroup_root)
-    _restore(before, layout, data["bridge"], cgroup_root)
-    record.unlink()
-    return True
-
-
-def kill_pods(before: hoststate.HostState, socket: Path, cgroup_root: str) -> None:
-    """SIGKILL every process in a pod cgroup made since ``before`` under the node's ``cgroup_root``, and every
-    shim of the containerd at ``socket``: kubelet does not stop pods when it stops, and shims outlive containerd
-    by design. Only the node's own: another node on the host (the other box group's, Kueue's) made pod cgroups
-    since ``before`` too, and killing its pods' processes failed its tests with exit 137."""
-    pids: set[int] = set()
-    for rel in hoststate.under(set(hoststate.pod_cgroups()) - set(before.cgroups), cgroup_root):
-        pids |= _cgroup_pids(hoststate.CGROUP_ROOT / rel)
-    pids |= {pid for pid, argv in _processes() if str(socket) in argv and "containerd-shim" in argv}
-    pids.discard(os.getpid())
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while not all(exited(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def remove_containers(socket: Path) -> bool:
-    """Remove every container (pods' and sandboxes', with their snapshots) from the containerd at ``socket``,
-    whose shims are dead; True when none is left. containerd notices a dead shim a moment after it dies."""
-    ctr = shutil.which("ctr") or "ctr"
-
-    def left() -> list[str]:
-        listing = subprocess.run(
-            [ctr, "--address", str(socket), "-n", CONTAINERD_NAMESPACE, "containers", "ls", "--quiet"],
-            capture_output=True,
-            text=True,
-        )
-        return listing.stdout.split() if listing.returncode == 0 else ["(containerd did not answer)"]
-
-    deadline = time.monotonic() + 20
-    while (ids := left()) and time.monotonic() < deadline:
-        for ident in ids:
-            argv = [ctr, "--address", str(socket), "-n", CONTAINERD_NAMESPACE]
-            subprocess.run([*argv, "tasks", "delete", "--force", ident], capture_output=True)
-            subprocess.run([*argv, "containers", "delete", ident], capture_output=True)
-        time.sleep(0.2)
-    return not left()
-
-
-def live_nodes(layout: NodeLayout) -> list[Path]:
-    """The socket dirs of other nodes on this host whose containerd still answers."""
-    if not SOCKETS_ROOT.is_dir():
-        return []
-    return [
-        d
-        for d in SOCKETS_ROOT.iterdir()
-        if d != layout.socket_dir and hoststate.listening(d / layout.containerd_socket.name)
-    ]
-
-
-def _restore(before: hoststate.HostState, layout: NodeLayout, bridge: str, cgroup_root: str) -> list[str]:
-    """Put back what this node changed; the host-wide state too when it is the last node running."""
-    failures = hoststate.restore(before, layout.root, bridge, cgroup_root=cgroup_root, host_wide=False)
-    if not live_nodes(layout):
-        first = hoststate.HostState(**json.loads(HOST_RECORD.read_text())) if HOST_RECORD.exists() else before
-        failures = hoststate.restore(first, layout.root, bridge)
-        HOST_RECORD.unlink(missing_ok=True)
-    _remove_socket_dir(layout)
-    return failures
-
-
-def _remove_socket_dir(layout: NodeLayout) -> None:
-    shutil.rmtree(layout.socket_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        SOCKETS_ROOT.rmdir()  # only when no other node's sockets are there
 
 
 def _ip(*args: str) -> None:
@@ -641,13 +557,6 @@ def _status(pid: int) -> str:
         return ""
 
 
-def _cgroup_pids(path: Path) -> set[int]:
-    try:
-        return {int(line) for line in (path / "cgroup.procs").read_text().split()}
-    except OSError:
-        return set()
-
-
 def claim_service_rules(directory: Path) -> IO[str]:
     """The host's Service rules for this node's kube-proxy, or a BoxError naming the box that has them."""
     SOCKETS_ROOT.mkdir(parents=True, exist_ok=True)
@@ -664,7 +573,7 @@ def claim_service_rules(directory: Path) -> IO[str]:
         ) from None
     # A box started by an older checkout does not take the lock: its kube-proxy process says it is there.
     others = [
-        f"pid {pid}: {argv.strip()}" for pid, argv in _processes() if argv.split(" ", 1)[0].endswith("/kube-proxy")
+        f"pid {pid}: {argv.strip()}" for pid, argv in processes() if argv.split(" ", 1)[0].endswith("/kube-proxy")
     ]
     if others:
         PROXY_LOCK.unlink(missing_ok=True)  # ours (we hold it): leave /run/ddpjob as it was
@@ -677,17 +586,6 @@ def claim_service_rules(directory: Path) -> IO[str]:
     lock.write(f"pid {os.getpid()}, node directory {directory}\n")
     lock.flush()
     return lock
-
-
-def _processes() -> list[tuple[int, str]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
-            except OSError:
-                continue
-    return found
 
 
 def _listening(port: int) -> bool:

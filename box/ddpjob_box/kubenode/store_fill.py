@@ -69,7 +69,7 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
 
 FILL_SOCKETS_ROOT = Path("/run/ddpjob-fill")
 """The fill's containerd sockets: outside the host's socket root, where a running node would count its containerd as
-another node's (``node.live_nodes``)."""
+another node's (``leftovers.live_nodes``)."""
 
 
 @contextmanager

@@ -1,0 +1,3 @@
+from ddpjob_cli import main
+
+raise SystemExit(main())
