@@ -210,10 +210,10 @@ class Controller:
         self._creates = creates
         self._events = events
         self._refused: dict[Key, str] = {}
+        """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
         self._failed_creates: dict[Key, str] = {}
         """Jobs whose last pod creation failed for another reason (a webhook down, a quota), and why: said in
         the next status, and retried."""
-        """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
         self._workloads: dict[Key, str] = {}
         """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
         self._workload_failures: dict[Key, str] = {}

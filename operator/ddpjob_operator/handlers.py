@@ -19,7 +19,7 @@ import kopf
 from ddpjob_operator import metrics, namespaces
 from ddpjob_operator.kube import Unreachable, in_cluster
 from ddpjob_operator.policies import node_loss
-from ddpjob_operator.runtime import NotServed, Runtime
+from ddpjob_operator.runtime import DDPJobsNotServed, Runtime
 
 STARTUP_RETRY_SECONDS = 2
 
@@ -42,8 +42,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_loss.EXCLUSION_SECONDS),
             node_watch=bool(memo.get("node_watch", True)),
         )
-    except (Unreachable, NotServed) as err:  # started while the apiserver restarts: one line, and soon again
-        # (not in 60 s). NotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right
+    except (Unreachable, DDPJobsNotServed) as err:  # started while the apiserver restarts: one line, and soon again
+        # (not in 60 s). DDPJobsNotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right
         # after this handler, and a job it did not find then is never watched (chaos soak 8, runs 1:31 to 1:34).
         again = STARTUP_RETRY_SECONDS
         raise kopf.TemporaryError(f"{err}; trying again in {again}s", delay=again) from None

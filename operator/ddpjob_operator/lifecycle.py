@@ -144,8 +144,18 @@ def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime,
 
 
 def _final_progress(job: Job, status: JobStatus, obs: Observation) -> JobStatus:
-    """A finished run's progress: its outcome, not its last poll (``progress_fold.finished``)."""
-    return replace(status, progress=progress_fold.finished(job, status, obs))
+    """A finished run's progress: its outcome, not its last poll (``progress_fold.outcome``)."""
+    return replace(status, progress=progress_fold.outcome(job, status, obs))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateErrors:
+    """What went wrong the last time this job's pods were created, as the controller remembers it (empty: nothing)."""
+
+    refused: str = ""
+    """Why the apiserver refused a pod of this job as invalid: the job fails."""
+    failed: str = ""
+    """Why the last creation failed otherwise (a webhook down, a quota): retried, and said."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,9 +169,7 @@ class View:
     scrapes: Sequence[Scrape]
     fold: progress_fold.Fold | None
     """The newest polls of this attempt, if there are new ones."""
-    refused: str
-    failed_create: str
-    """Why the last creation of this job's pods failed (a webhook down, a quota): retried, and said."""
+    creates: CreateErrors
     placement: gang.Placement
     queueing: queueing.Queueing
     requested: int
@@ -199,8 +207,9 @@ def plan(
     old = replace(old, last_checkpoint=saved)
     excluded = tuple(e for e in old.excluded_nodes if node_loss.still_excluded(e.since, now, nodes.exclusion_seconds))
     old = replace(old, excluded_nodes=excluded)
-    the_plan = _plan(job, old, pods, now, scrapes, (refused, failed_create), pod_groups, queued, nodes)
-    return replace(the_plan, **_tell_kueue(queued, the_plan, pods, now), **_leave_bad_nodes(the_plan, pods, nodes))
+    creates = CreateErrors(refused=refused, failed=failed_create)
+    the_plan = _plan(job, old, pods, now, scrapes, creates, pod_groups, queued, nodes)
+    return replace(the_plan, **_kueue_writes(queued, the_plan, pods, now), **_leave_bad_nodes(the_plan, pods, nodes))
 
 
 def _leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: node_loss.NodeHealth) -> dict[str, Any]:
@@ -225,7 +234,7 @@ def _plan(
     pods: Sequence[PodView],
     now: datetime,
     scrapes: Sequence[Scrape],
-    refused: tuple[str, str],
+    creates: CreateErrors,
     pod_groups: bool,
     queued: queueing.Queueing,
     nodes: node_loss.NodeHealth,
@@ -240,7 +249,7 @@ def _plan(
     if status.phase.finished:
         return _finished_plan(job, status, obs, now, events)
     placement = gang.placement(job.spec.gang_scheduling, pod_groups)
-    view = replace(_view(job, status, obs, now, scrapes, refused, placement, queued, requested), nodes=nodes)
+    view = replace(_view(job, status, obs, now, scrapes, creates, placement, queued, requested), nodes=nodes)
     status = view.status
     for policy in _POLICIES_IN.get(status.phase, POLICIES):
         transition = policy(view)
@@ -266,7 +275,7 @@ def as_admitted(job: Job, status: JobStatus) -> Job:
     return replace(job, spec=replace(job.spec, replicas=count))
 
 
-def _tell_kueue(q: queueing.Queueing, the_plan: Plan, pods: Sequence[PodView], now: datetime) -> dict[str, Any]:
+def _kueue_writes(q: queueing.Queueing, the_plan: Plan, pods: Sequence[PodView], now: datetime) -> dict[str, Any]:
     """The plan's Workload I/O, from what Kueue said and what the plan leaves (policies.admission)."""
     if not q.queued:
         return {}
@@ -307,7 +316,7 @@ def _view(
     obs: Observation,
     now: datetime,
     scrapes: Sequence[Scrape],
-    refused: tuple[str, str],
+    creates: CreateErrors,
     placement: gang.Placement,
     queued: queueing.Queueing,
     requested: int,
@@ -321,8 +330,7 @@ def _view(
         if fold is not None:
             status = replace(status, last_checkpoint=progress.newest_checkpoint(fold.summary.latest,
                                                                                 status.last_checkpoint))  # fmt: skip
-    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, refused=refused[0],
-                failed_create=refused[1],
+    return View(job=job, status=status, obs=obs, now=now, scrapes=scrapes, fold=fold, creates=creates,
                 placement=placement, queueing=queued, requested=requested)  # fmt: skip
 
 
@@ -359,7 +367,7 @@ def _plan_for(
         adopt_pods=kept.adopt,
         events=events,
         requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), kept.wait_left, RESYNC_SECONDS),
-        poll=progress_fold.poll_targets(job, obs, progress_fold.silent_ranks(status))
+        poll=progress_fold.poll_targets(job, obs, progress_fold.silent_in_attempt(status))
         if status.phase is not Phase.RESTARTING
         else (),
         poll_interval=progress_fold.poll_interval(job, status.phase),
@@ -371,7 +379,7 @@ def _plan_for(
 
 
 def _refused(v: View) -> Transition | None:
-    return Finish(False, Reason.INVALID_POD, v.refused) if v.refused else None
+    return Finish(False, Reason.INVALID_POD, v.creates.refused) if v.creates.refused else None
 
 
 def _gang_unavailable(v: View) -> Transition | None:
@@ -600,8 +608,8 @@ def _said_already(said: Condition, reason: Reason, message: str) -> bool:
 
 
 def _why_not_started(v: View) -> tuple[Reason, str] | None:
-    if v.failed_create:
-        return Reason.POD_CREATE_FAILED, f"creating the pods failed, retrying with backoff: {v.failed_create}"
+    if v.creates.failed:
+        return Reason.POD_CREATE_FAILED, f"creating the pods failed, retrying with backoff: {v.creates.failed}"
     current = sorted((rank, pod) for rank, pod in v.obs.current.items() if not pod.terminating)
     for rank, pod in current:
         if pod.blocked:

@@ -37,7 +37,7 @@ def poll_targets(job: Job, obs: Observation, silent: frozenset[int] = frozenset(
     return tuple(found)
 
 
-def silent_ranks(status: JobStatus) -> frozenset[int]:
+def silent_in_attempt(status: JobStatus) -> frozenset[int]:
     p = status.progress
     return frozenset(p.silent) if p is not None and p.attempt == status.attempt else frozenset()
 
@@ -66,11 +66,11 @@ def joined(job: Job, status: JobStatus, obs: Observation, scrapes: Sequence[Scra
     seen = progress.joined_ranks(s for s in scrapes if s.attempt == status.attempt)
     done = {rank * nproc + i for rank, p in obs.current.items() if p.succeeded for i in range(nproc)}
     remembered = status.progress.joined if status.progress and status.progress.attempt == status.attempt else 0
-    silent = silent_ranks(status)  # serve no metrics: their running pods are all we can know
+    silent = silent_in_attempt(status)  # serve no metrics: their running pods are all we can know
     return min(job.spec.world_size, max(remembered, len(seen | done | silent)))
 
 
-def finished(job: Job, status: JobStatus, obs: Observation) -> ProgressStatus | None:
+def outcome(job: Job, status: JobStatus, obs: Observation) -> ProgressStatus | None:
     """A finished job's progress holds its outcome, not its last poll.
 
     No rank carries a poll's error: the pods' exits decide, and the conditions say why; nor does the pace of the

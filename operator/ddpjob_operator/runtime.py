@@ -40,7 +40,7 @@ REPORT_MAX_WAIT_SECONDS = 10.0
 """The longest a new job's first status waits while other jobs' pods are to be made (``LaunchesFirst``)."""
 
 
-class NotServed(Exception):
+class DDPJobsNotServed(Exception):
     """The apiserver answers but does not list DDPJobs: it has just started, or the CRD is not installed."""
 
 
@@ -65,11 +65,11 @@ class Runtime:
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
-        # Asked once, first (kube.Unreachable while the apiserver is down, NotServed while it cannot say yet),
+        # Asked once, first (kube.Unreachable while the apiserver is down, DDPJobsNotServed while it cannot say yet),
         # before anything is made: serving PodGroups takes an apiserver restart, and ours are cheap.
         try:
             if not self.kube.serves(api.API_VERSION, api.PLURAL):
-                raise NotServed(
+                raise DDPJobsNotServed(
                     f"the apiserver does not serve {api.PLURAL}.{api.API_VERSION} yet (it lists a custom resource "
                     f"a moment after it starts; if this goes on, install the CRD: the chart's, or manifests/crd.yaml)"
                 )
