@@ -177,27 +177,31 @@ def ensure_base(*, quiet: bool = False) -> str:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
-        container = buildah("from", "scratch", what="buildah from scratch").strip()
-        try:
-            buildah("copy", "--quiet", container, f"{rootfs}/", "/", what="copying the base's root filesystem")
-            buildah(
-                "config",
-                "--env",
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "--env",
-                "LANG=C.UTF-8",
-                "--cmd",
-                "python3",
-                "--label",
-                f"io.ddpjob.inputs={name}",
-                container,
-                what="configuring the base image",
-            )
-            buildah("commit", "--quiet", "--rm", container, name, what=f"committing {name}")
-        except BaseException:
-            subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
-            raise
+        config = ["--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "--env", "LANG=C.UTF-8",
+                  "--cmd", "python3", "--label", f"io.ddpjob.inputs={name}"]  # fmt: skip
+        commit_image(SCRATCH, name, config, copies=[(f"{rootfs}/", "/")], what="the base image")
     return name
+
+
+SCRATCH = "scratch"
+"""buildah's empty starting point."""
+
+
+def commit_image(start: str, name: str, config: Sequence[str], *, copies: Sequence[tuple[str, str]] = (),
+                 what: str) -> None:  # fmt: skip
+    """An image ``name``: a working container from the local image ``start`` (or ``SCRATCH``), ``copies``
+    (host path, image path) copied in, ``config`` (``buildah config`` options) applied, committed; the working
+    container is removed whatever happens."""
+    container = buildah("from", *([] if start == SCRATCH else ["--pull-never"]), start, what=f"buildah from {start}")
+    container = container.strip()
+    try:
+        for source, destination in copies:
+            buildah("copy", "--quiet", container, source, destination, what=f"copying {source} into {what}")
+        buildah("config", *config, container, what=f"configuring {what}")
+        buildah("commit", "--quiet", "--rm", container, name, what=f"committing {name}")
+    except BaseException:
+        subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
+        raise
 
 
 def ensure_pause(*, quiet: bool = False) -> str:
@@ -206,23 +210,8 @@ def ensure_pause(*, quiet: bool = False) -> str:
     name = f"{PAUSE_REPO}:{input_key('pause', base, PAUSE_ENTRYPOINT)}"
     if image_id(name):
         return name
-    container = buildah("from", "--pull-never", base, what=f"buildah from {base}").strip()
-    try:
-        buildah(
-            "config",
-            "--entrypoint",
-            json.dumps(PAUSE_ENTRYPOINT),
-            "--cmd",
-            "",
-            "--user",
-            "65535:65535",
-            container,
-            what="configuring the pause image",
-        )
-        buildah("commit", "--quiet", "--rm", container, name, what=f"committing {name}")
-    except BaseException:
-        subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
-        raise
+    config = ["--entrypoint", json.dumps(PAUSE_ENTRYPOINT), "--cmd", "", "--user", "65535:65535"]
+    commit_image(base, name, config, what="the pause image")
     return name
 
 
@@ -244,28 +233,9 @@ def ensure_kueue(*, quiet: bool = False) -> str:
         return name
     if not quiet:
         print(f"building {name} from {binary}", flush=True)
-    container = buildah("from", "--pull-never", base, what=f"buildah from {base}").strip()
-    try:
-        buildah("copy", "--quiet", container, str(binary), KUEUE_BINARY, what="copying Kueue's manager")
-        buildah(
-            "config",
-            "--entrypoint",
-            json.dumps([KUEUE_BINARY]),
-            "--cmd",
-            "",
-            "--user",
-            KUEUE_USER,
-            "--workingdir",
-            "/",
-            "--label",
-            f"io.ddpjob.inputs={name}",
-            container,
-            what="configuring the Kueue image",
-        )
-        buildah("commit", "--quiet", "--rm", container, name, what=f"committing {name}")
-    except BaseException:
-        subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
-        raise
+    config = ["--entrypoint", json.dumps([KUEUE_BINARY]), "--cmd", "", "--user", KUEUE_USER, "--workingdir", "/",
+              "--label", f"io.ddpjob.inputs={name}"]  # fmt: skip
+    commit_image(base, name, config, copies=[(str(binary), KUEUE_BINARY)], what="the Kueue image")
     drop_older(name)
     return name
 
