@@ -208,6 +208,11 @@ def throughput_rows(runs: Mapping[str, list[dict[str, Any]]]) -> list[list[str]]
 THROUGHPUT_HEADERS = ["variant", *(f"{label}, median (range)" for label in METRICS.values()), "step ms, median"]
 
 
+def throughput_report(heading: str, runs: Mapping[str, list[dict[str, Any]]], notes: Sequence[str]) -> str:
+    """The markdown of a throughput comparison: the heading, the table of every variant, then the notes, one a line."""
+    return "\n".join([heading, "", table(THROUGHPUT_HEADERS, throughput_rows(runs)), "", *notes])
+
+
 def ratio_lines(label: str, ratios: Mapping[str, Spread], target: float, pairs: int) -> list[str]:
     return [
         f"- {label}, {METRICS[m].split(' (')[0]}: **{r.show()}** over {pairs} pairs; target >= {target}: "
@@ -216,7 +221,11 @@ def ratio_lines(label: str, ratios: Mapping[str, Spread], target: float, pairs: 
     ]
 
 
-def ratio_targets(label: str, ratios: Mapping[str, Spread], target: float) -> list[tuple[str, float, str, str]]:
+Target = tuple[str, float, str, str]
+"""A row of ``run_all``'s summary: the figure, its value, the target and the verdict."""
+
+
+def ratio_targets(label: str, ratios: Mapping[str, Spread], target: float) -> list[Target]:
     clock = {"img_per_s": "wall clock", "img_per_cpu_s": "CPU time"}
     return [(f"{label} ({clock[m]})", r.median, f">= {target}", verdict(r.median, target)) for m, r in ratios.items()]
 
@@ -296,6 +305,13 @@ def write_results(name: str, data: Mapping[str, Any], markdown: str, out_dir: Pa
     path = out_dir / f"{name}.md"
     path.write_text(markdown.rstrip() + "\n")
     return path
+
+
+def publish(name: str, data: Mapping[str, Any], markdown: str, out_dir: Path, targets: list[Target]) -> dict[str, Any]:
+    """Writes the results files, prints the markdown, and returns what ``run_all`` summarises."""
+    write_results(name, data, markdown, out_dir)
+    print(markdown)
+    return {"name": name, "markdown": markdown, "targets": targets}
 
 
 def _jsonable(obj: Any) -> Any:

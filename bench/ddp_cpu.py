@@ -32,11 +32,11 @@ from bench.common import (
     machine,
     need_trainer,
     percentile,
+    publish,
     ratio_lines,
     ratio_targets,
     run_child,
     table,
-    write_results,
 )
 
 NAME = "ddp_cpu"
@@ -126,12 +126,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs,
             "trainer_over_textbook": {str(k): v for k, v in ratios.items()},
             "weak_scaling_efficiency": efficiency, "target": TARGET}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
     targets = [t for ws, r in ratios.items() for t in ratio_targets(f"trainer / textbook DDP, {ws} rank(s)", r, TARGET)]
     targets += [(f"weak-scaling efficiency 1 -> 2, {p} (wall clock)", e["img_per_s"].median, "(reported)", "")
                 for p, e in efficiency.items()]  # fmt: skip
-    return {"name": NAME, "markdown": markdown, "targets": targets}
+    return publish(NAME, data, markdown, args.out, targets)
 
 
 if __name__ == "__main__":

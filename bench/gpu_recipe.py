@@ -37,15 +37,16 @@ from bench import workload
 from bench.common import (
     RESULTS_DIR,
     Spread,
+    Target,
     alternate,
     log,
     machine,
     need_trainer,
     paired_ratios,
+    publish,
     run_child,
     table,
     verdict,
-    write_results,
 )
 from bench.ddp_cpu import torchrun
 
@@ -60,8 +61,6 @@ STRETCH_TARGETS: tuple[tuple[str, float], ...] = ((r"\bH200\b(?!.*\bNVL\b)", 550
 TRAINER = "trainer (torchrun, 1 rank)"
 PLAIN = "plain loop"
 COMPILED = "trainer --compile"
-
-Target = tuple[str, float, str, str]
 
 
 def target_for(device: str, targets: Sequence[tuple[str, float]]) -> float | None:
@@ -151,9 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ])  # fmt: skip
     data = {"name": NAME, "workload": asdict(w), "machine": machine(), "device": device, "runs": runs,
             "targets": targets}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": targets}
+    return publish(NAME, data, markdown, args.out, targets)
 
 
 if __name__ == "__main__":

@@ -25,18 +25,16 @@ from typing import Any
 from bench import workload
 from bench.common import (
     RESULTS_DIR,
-    THROUGHPUT_HEADERS,
     alternate,
     compare,
     log,
     machine,
     need_trainer,
+    publish,
     ratio_lines,
     ratio_targets,
     run_child,
-    table,
-    throughput_rows,
-    write_results,
+    throughput_report,
 )
 from bench.trainer_vs_plain import trainer_probe
 from ddpjob_box.ports import free_port
@@ -104,11 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     on_off = compare(runs, "on", "off")
     on_server_off = compare(runs, "on", "server off")
     scrapes = sum(r["scrapes"] for r in runs["on"])
-    markdown = "\n".join([
-        f"### Instrumentation overhead ({w.describe()})",
-        "",
-        table(THROUGHPUT_HEADERS, throughput_rows(runs)),
-        "",
+    markdown = throughput_report(f"### Instrumentation overhead ({w.describe()})", runs, [
         f"The 'on' runs were scraped {scrapes} times in all, every {args.scrape_seconds:g}s. 'off' is "
         "`--metrics-port 0 --no-step-timing`; 'server off' keeps the step timing.",
         "",
@@ -118,9 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "on_over_off": on_off,
             "on_over_server_off": on_server_off, "target": TARGET,
             "scrape_seconds": args.scrape_seconds}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": ratio_targets("timing+metrics on / off", on_off, TARGET)}
+    return publish(NAME, data, markdown, args.out, ratio_targets("timing+metrics on / off", on_off, TARGET))
 
 
 if __name__ == "__main__":

@@ -23,18 +23,16 @@ from typing import Any
 from bench import ddp_cpu, workload
 from bench.common import (
     RESULTS_DIR,
-    THROUGHPUT_HEADERS,
     alternate,
     compare,
     log,
     machine,
     need_trainer,
+    publish,
     ratio_lines,
     ratio_targets,
     run_child,
-    table,
-    throughput_rows,
-    write_results,
+    throughput_report,
 )
 
 NAME = "stop_vote"
@@ -70,19 +68,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         runs = alternate(args.repeats, {name: variant(name) for name in VARIANTS})
     ratios = compare(runs, "vote", "no vote")
-    lines = [
+    markdown = throughput_report(
         f"### Save-on-stop's vote ({w.describe()}, {args.world_size} ranks, gloo)",
-        "",
-        table(THROUGHPUT_HEADERS, throughput_rows(runs)),
-        "",
-        *ratio_lines("with the vote / without", ratios, TARGET, args.repeats),
-    ]
-    markdown = "\n".join(lines)
+        runs,
+        ratio_lines("with the vote / without", ratios, TARGET, args.repeats),
+    )
     data = {"name": NAME, "workload": asdict(w), "world_size": args.world_size, "machine": machine(), "runs": runs,
             "vote_over_no_vote": ratios, "target": TARGET}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": ratio_targets("save-on-stop's vote", ratios, TARGET)}
+    return publish(NAME, data, markdown, args.out, ratio_targets("save-on-stop's vote", ratios, TARGET))
 
 
 if __name__ == "__main__":

@@ -18,18 +18,16 @@ from typing import Any
 from bench import workload
 from bench.common import (
     RESULTS_DIR,
-    THROUGHPUT_HEADERS,
     alternate,
     compare,
     log,
     machine,
     need_trainer,
+    publish,
     ratio_lines,
     ratio_targets,
     run_child,
-    table,
-    throughput_rows,
-    write_results,
+    throughput_report,
 )
 
 NAME = "trainer_vs_plain"
@@ -62,18 +60,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         },
     )
     ratios = compare(runs, "trainer", "plain loop")
-    markdown = "\n".join([
+    markdown = throughput_report(
         f"### Trainer vs plain loop ({w.describe()})",
-        "",
-        table(THROUGHPUT_HEADERS, throughput_rows(runs)),
-        "",
-        *ratio_lines("trainer / plain loop", ratios, TARGET, args.repeats),
-    ])  # fmt: skip
+        runs,
+        ratio_lines("trainer / plain loop", ratios, TARGET, args.repeats),
+    )
     data = {"name": NAME, "workload": asdict(w), "machine": machine(), "runs": runs, "ratios": ratios,
             "target": TARGET}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": ratio_targets("trainer / plain loop", ratios, TARGET)}
+    return publish(NAME, data, markdown, args.out, ratio_targets("trainer / plain loop", ratios, TARGET))
 
 
 if __name__ == "__main__":
