@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from typing import Any
 
 from bench.apiserver import Api, ApiError
 from bench.common import RESULTS_DIR, log, machine, table, write_results
-from bench.operator_scale import Operator, apply_crd, job_body, jobs_path
+from bench.operator_scale import Operator, control_plane_with_crd, job_body, jobs_path
 
 NAME = "namespace_delete"
 NAMESPACE = "bench-nsdelete"
@@ -94,17 +93,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
-    from ddpjob_box.box import Box
-
     log(f"{NAME}: {args.jobs} jobs x {args.replicas} ranks, then delete the namespace")
-    with (
-        tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
-        Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False) as box,
-    ):
-        assert box.plane is not None
-        plane = box.plane
-        client = Api(plane.server, plane.admin_token, str(plane.ca_file))
-        apply_crd(client)
+    with control_plane_with_crd() as (plane, client):
         client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         args.out.mkdir(parents=True, exist_ok=True)
         op = Operator(plane.kubeconfig, args.out / f"{NAME}.operator.log")

@@ -32,7 +32,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ import yaml
 
 from bench import apiserver
 from bench.apiserver import Api
-from bench.common import REPO, RESULTS_DIR, log, machine, percentile, stop_on_sigterm, table, verdict, write_results
+from bench.common import REPO, RESULTS_DIR, log, machine, percentile, publish, stop_on_sigterm, table, verdict
+from ddpjob_box.controlplane import ControlPlane
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.ports import free_port
 from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
@@ -88,6 +90,22 @@ def apply_crd(client: Api) -> None:
 
     client.wait_for(established, "the DDPJob CRD to be established")
     client.wait_for(lambda: client.get(jobs_path("default")) is not None, "the DDPJob API to be served")
+
+
+@contextmanager
+def control_plane_with_crd() -> Iterator[tuple[ControlPlane, Api]]:
+    """The box's control plane alone (no node, no Prometheus) in a temporary directory, the DDPJob CRD applied;
+    yields the plane and an admin client of its apiserver."""
+    from ddpjob_box.box import Box
+
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
+        Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False) as box,
+    ):
+        assert box.plane is not None
+        client = Api(box.plane.server, box.plane.admin_token, str(box.plane.ca_file))
+        apply_crd(client)
+        yield box.plane, client
 
 
 # ---------------------------------------------------------------- watching pods appear
@@ -287,6 +305,14 @@ class Profiler:
             self.proc.kill()
 
 
+def collapsed_stacks(collapsed: str) -> Iterator[tuple[str, int]]:
+    """Each stack of py-spy's collapsed output (``frame;frame;... count``) with its samples; other lines skipped."""
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            yield stack, int(count)
+
+
 def profile_summary(
     collapsed: str, top: int = 15, within: str = ""
 ) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
@@ -297,11 +323,7 @@ def profile_summary(
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
-    for line in collapsed.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for stack, n in collapsed_stacks(collapsed):
         frames = [_frame_name(f) for f in stack.split(";")]
         if within and not any(f.startswith(within + " ") for f in frames):
             continue
@@ -326,13 +348,10 @@ def statement_shares(collapsed: str, function: str, source: Path) -> list[tuple[
     lines = source.read_text().splitlines() if source.exists() else []
     marker = f"{function} ("
     counts: Counter[int] = Counter()
-    for line in collapsed.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
+    for stack, samples in collapsed_stacks(collapsed):
         ours = [f for f in stack.split(";") if f.startswith(marker) and f"/{source.name}:" in f]
         if ours:
-            counts[int(ours[-1].rsplit(":", 1)[1].rstrip(")"))] += int(count)
+            counts[int(ours[-1].rsplit(":", 1)[1].rstrip(")"))] += samples
     total = sum(counts.values())
 
     def label(n: int) -> str:
@@ -434,18 +453,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON and markdown")
     args = parser.parse_args(argv)
 
-    from ddpjob_box.box import Box
-
     offered = f"offered at {args.rate:g} jobs/s" if args.rate else "created as fast as possible"
     log(f"{NAME}: {args.jobs} jobs x {args.replicas} ranks, {offered}, gangScheduling {args.gang_scheduling}")
-    with (
-        tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
-        Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False) as box,
-    ):
-        assert box.plane is not None
-        plane = box.plane
-        client = Api(plane.server, plane.admin_token, str(plane.ca_file))
-        apply_crd(client)
+    with control_plane_with_crd() as (plane, client):
         for ns in ("bench-warmup", "bench-scale"):
             client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
         args.out.mkdir(parents=True, exist_ok=True)
@@ -516,9 +526,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "apiserver_mutating": {v: _hist(h) for v, h in verbs.items()},
             "apiserver_by_resource": {f"{v} {r}": _hist(h) for (v, r), h in during.items()
                                       if v in apiserver.MUTATING and h.count > 0}}  # fmt: skip
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": targets(figures)}
+    return publish(NAME, data, markdown, args.out, targets(figures))
 
 
 def targets(f: dict[str, Any]) -> list[tuple[str, float, str, str]]:

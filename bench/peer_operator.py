@@ -38,7 +38,7 @@ import yaml
 
 from bench import apiserver, go_profile, operator_scale
 from bench.apiserver import Api, ApiError
-from bench.common import RESULTS_DIR, log, machine, stop_on_sigterm, table, write_results
+from bench.common import RESULTS_DIR, log, machine, publish, stop_on_sigterm, table
 from bench.operator_scale import MACHINE, CpuMeter, Operator, PodWatch, Profiler, create_jobs, summarize_jobs
 from ddpjob_box import audit, toolchain
 from ddpjob_box.ports import free_port
@@ -448,9 +448,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.apiserver_profile:
         markdown += "\n\n" + apiserver_profile_report(runs)
     data = {"name": NAME, "machine": machine(), "settings": vars(args) | {"out": str(args.out)}, "runs": runs}
-    write_results(NAME, data, markdown, args.out)
-    print(markdown)
-    return {"name": NAME, "markdown": markdown, "targets": []}
+    return publish(NAME, data, markdown, args.out, [])
 
 
 def apiserver_profile_report(runs: Mapping[str, list[dict[str, Any]]]) -> str:
@@ -508,11 +506,7 @@ def profile_areas(collapsed: str) -> tuple[int, list[tuple[str, float]], list[tu
     areas: dict[str, int] = {}
     across: dict[str, int] = {}
     total = 0
-    for line in collapsed.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for stack, n in operator_scale.collapsed_stacks(collapsed):
         total += n
         area = next((name for name, marks in AREAS if any(m in stack for m in marks)), "other")
         areas[area] = areas.get(area, 0) + n
