@@ -3,7 +3,7 @@
 The backend follows the device: NCCL when CUDA is available, gloo otherwise. LOCAL_RANK picks
 the GPU. Launched alone (no WORLD_SIZE), there is no process group. With one rank, alone or under a
 launcher, the model is not wrapped in DDP either: there is nothing to reduce, and the wrapper costs
-2.5% of an H200's throughput (docs/benchmarks.md).
+2.5% of an H200's throughput (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations
