@@ -16,6 +16,7 @@ Run = Callable[[argparse.Namespace], int]
 
 
 def _operator_arguments(parser: argparse.ArgumentParser) -> None:
+    from ddpjob_operator import node_health
     from ddpjob_operator.policies import node_loss
 
     scope = parser.add_mutually_exclusive_group()
@@ -47,7 +48,7 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
         f"default: {', '.join(node_loss.UNHEALTHY_TAINTS)})",
     )  # fmt: skip
     parser.add_argument(
-        "--node-exclusion-seconds", type=float, default=node_loss.EXCLUSION_SECONDS, metavar="S",
+        "--node-exclusion-seconds", type=float, default=node_health.EXCLUSION_SECONDS, metavar="S",
         help="how long a job avoids a node it left because the node was lost or unhealthy (status.excludedNodes)",
     )  # fmt: skip
     parser.add_argument(

@@ -33,8 +33,8 @@ from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
 from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
+from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.policies import in_place
-from ddpjob_operator.policies.node_loss import NodeHealth
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
 from ddpjob_operator.status import JobStatus, parse_status, pod_view

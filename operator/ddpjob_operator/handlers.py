@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from ddpjob_operator import metrics, namespaces
+from ddpjob_operator import metrics, namespaces, node_health
 from ddpjob_operator.kube import Unreachable, in_cluster
 from ddpjob_operator.policies import node_loss
 from ddpjob_operator.runtime import DDPJobsNotServed, Runtime
@@ -39,7 +39,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             progress_timeout=float(memo.get("progress_timeout") or 2.0),
             progress_concurrency=int(memo.get("progress_concurrency") or 32),
             unhealthy_taints=list(memo.get("unhealthy_taints") or node_loss.UNHEALTHY_TAINTS),
-            node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_loss.EXCLUSION_SECONDS),
+            node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_health.EXCLUSION_SECONDS),
             node_watch=bool(memo.get("node_watch", True)),
         )
     except (Unreachable, DDPJobsNotServed) as err:  # started while the apiserver restarts: one line, and soon again

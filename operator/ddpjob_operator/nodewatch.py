@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch
+from ddpjob_operator.node_health import ALL_HEALTHY, EXCLUSION_SECONDS, NodeHealth
 from ddpjob_operator.policies import node_loss
-from ddpjob_operator.policies.node_loss import NodeHealth
 
 
 class NodeSource(Protocol):
@@ -38,7 +38,7 @@ class NodeWatch(ListWatch):
         changed: Callable[[str], None],
         *,
         unhealthy_taints: Iterable[str] = node_loss.UNHEALTHY_TAINTS,
-        exclusion_seconds: float = node_loss.EXCLUSION_SECONDS,
+        exclusion_seconds: float = EXCLUSION_SECONDS,
     ) -> None:
         super().__init__([], "node")
         self._kube = kube
@@ -87,7 +87,7 @@ class Unwatched:
     """Nodes not watched (``--no-node-watch``, the chart's ``nodeHealth.enabled: false``): every node is healthy."""
 
     def health(self) -> NodeHealth:
-        return node_loss.ALL_HEALTHY
+        return ALL_HEALTHY
 
     def start(self) -> None:
         pass

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ddpjob_contract import kueue
-from ddpjob_operator import api, metrics, namespaces
+from ddpjob_operator import api, metrics, namespaces, node_health
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.inbox import Inbox
@@ -60,7 +60,7 @@ class Runtime:
         progress_timeout: float = 2.0,
         progress_concurrency: int = 32,
         unhealthy_taints: Sequence[str] = node_loss.UNHEALTHY_TAINTS,
-        node_exclusion_seconds: float = node_loss.EXCLUSION_SECONDS,
+        node_exclusion_seconds: float = node_health.EXCLUSION_SECONDS,
         node_watch: bool = True,
     ) -> None:
         self._loop = asyncio.get_running_loop()

@@ -12,9 +12,9 @@ import pytest
 from ddpjob_contract.status import Phase
 from ddpjob_operator import builders
 from ddpjob_operator.lifecycle import plan
+from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.nodewatch import NodeWatch
 from ddpjob_operator.policies import node_loss
-from ddpjob_operator.policies.node_loss import NodeHealth
 from ddpjob_operator.status import ExcludedNode, parse_status
 
 from .factories import job

@@ -1,1 +1,2 @@
-"""Lifecycle policies, one small pure module each: restart, deadline, ttl, cleanup, suspend."""
+"""Lifecycle policies, one small pure module each; a module with a policy exposes ``rule(v: View)``, in
+``lifecycle.POLICIES``'s order."""

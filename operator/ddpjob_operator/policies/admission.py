@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from ddpjob_contract.status import Phase, Reason
+from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
+from ddpjob_operator.transitions import Admit, Evict, Queue, Transition
+from ddpjob_operator.view import View
 
 KUEUE_DOCS = "docs/operations.md#queueing-with-kueue"
 WORKLOAD_OVERDUE_SECONDS = 30.0
@@ -129,3 +131,20 @@ def create_workload(q: Queueing, phase: Phase) -> bool:
 def release_workload(q: Queueing, pods_left: int) -> bool:
     """Drop Kueue's finalizer: the Workload finished, or is being deleted and the job's pods are gone."""
     return q.exists and q.finalizer and (q.finished or (q.deleting and pods_left == 0))
+
+
+def rule(v: View) -> Transition | None:
+    """Kueue decides when the ranks may have pods."""
+    said = v.status.condition(ConditionType.QUEUED)
+    queued = said is not None and said.status
+    since = said.last_transition_time if said is not None and queued else None
+    queued_for = (v.now - since).total_seconds() if since is not None else 0.0
+    decision = decide(v.queueing, v.status.phase, said.message if said and queued else "", queued_for)
+    if decision is None:
+        return None
+    match decision.verdict:
+        case Verdict.ADMIT:
+            return Admit(decision.count, v.requested, v.queueing.cluster_queue)
+        case Verdict.EVICT:
+            return Evict(decision.message, v.job.spec.run_policy.backoff_limit)
+    return Queue(decision.reason, decision.message)

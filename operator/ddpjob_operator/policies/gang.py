@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from enum import Enum
 
 from ddpjob_contract.pods import POD_GROUP_API
 from ddpjob_contract.status import Reason
 from ddpjob_operator.api import GangScheduling
+from ddpjob_operator.transitions import Finish, Transition
+from ddpjob_operator.view import Placement, View
 
 HOW_TO_SERVE = (
     f"Kubernetes 1.37 or later with the GenericWorkload feature gate on the apiserver and the scheduler, "
     f"and --runtime-config={POD_GROUP_API}=true"
 )
-
-
-class Placement(Enum):
-    GANG = "gang"
-    ONE_BY_ONE = "one by one"
-    UNAVAILABLE = "unavailable"
-    """Required, but the cluster does not serve PodGroups: the job fails before any pod is made."""
 
 
 def placement(mode: GangScheduling, served: bool) -> Placement:
@@ -81,3 +75,10 @@ def unplaced(replicas: int, said: Sequence[str]) -> str:
     nodes = next((s for s in said if _NODES.search(s) and not _FIT.search(s)), None)
     how = f"only {fit} fit now" if fit is not None else "the scheduler cannot place it yet"
     return f"the gang of {replicas} pods is placed all or nothing, and {how}: {nodes or said[0]}"
+
+
+def rule(v: View) -> Transition | None:
+    """spec.gangScheduling is Required and the cluster does not serve PodGroups: the job fails."""
+    if v.placement is not Placement.UNAVAILABLE:
+        return None
+    return Finish(False, Reason.GANG_UNAVAILABLE, unavailable())

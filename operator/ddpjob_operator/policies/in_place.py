@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ddpjob_contract.status import Reason
+from ddpjob_operator import exit_messages
 from ddpjob_operator.api import InPlaceRestart, RestartPolicy, RunPolicy
-from ddpjob_operator.policies.restart import is_retryable
+from ddpjob_operator.policies.restart import is_retryable, no_restarts_left
 from ddpjob_operator.status import Failure, PodView
+from ddpjob_operator.transitions import Finish, RestartedInPlace, Transition
+from ddpjob_operator.view import View
 
 WAIT_SECONDS = 10.0
 """How long a rank of the last attempt may run on after the gang restarted before it is deleted."""
@@ -112,3 +115,21 @@ def wait_seconds(reason: str) -> float:
     Its ranks there may run on behind a partition, still reaching the others, so nothing makes those exit: waiting
     only delays the restart (10 s of the 35 a network cut took on the box, bench.node_loss)."""
     return 0.0 if reason == Reason.NODE_LOST.value else WAIT_SECONDS
+
+
+def rule(v: View) -> Transition | None:
+    """The ranks' supervisors restarted the gang's processes in place (``in_process``), as their
+    polls say: each restart is counted, as the operator's own are; past backoffLimit (possible only when a pod
+    restarted in place by its kubelet kept the env of an earlier attempt), the job has failed."""
+    counted = v.status.progress.restarts_in_place if v.status.progress else 0
+    polled = v.fold.summary.restart_count if v.fold else 0
+    seen = max(polled, exit_messages.restarts_in_place(v.obs.current.values()))  # those the polls missed at the end
+    if seen <= counted:
+        return None
+    rp = v.job.spec.run_policy
+    why = v.fold.summary.restart_reason if v.fold and polled == seen else ""
+    if v.status.restarts + seen - counted > rp.backoff_limit:
+        return Finish(False, Reason.BACKOFF, f"{why or 'a rank failed'}, and its processes restarted in place; "
+                                             f"{no_restarts_left(rp.backoff_limit)}")  # fmt: skip
+    at = v.fold.summary.at if v.fold else v.now
+    return RestartedInPlace(seen - counted, seen, why, rp.backoff_limit, at)

@@ -23,11 +23,16 @@ gone from the apiserver and kills its containers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ddpjob_operator.status import PodView
+from ddpjob_contract.status import Reason
+from ddpjob_operator.node_health import NodeHealth
+from ddpjob_operator.policies.restart import no_restarts_left
+from ddpjob_operator.status import ExcludedNode, PodView
+from ddpjob_operator.transitions import Finish, NodeLostUnder, Restart, Transition
+from ddpjob_operator.view import View
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 UNHEALTHY_TAINTS = (
@@ -37,23 +42,6 @@ UNHEALTHY_TAINTS = (
 )
 """Taints that say a Ready node is bad for training, honoured by default: NVIDIA's GPU health checks, as the GPU
 operator's node-problem-detector plugins name them, and our own, for an admin or a script to set by hand."""
-EXCLUSION_SECONDS = 3600.0
-"""How long a node stays in ``status.excludedNodes`` by default."""
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """The nodes the operator knows to be bad (name -> why), and how long a job avoids one after leaving it."""
-
-    lost: Mapping[str, str] = field(default_factory=dict)
-    sick: Mapping[str, str] = field(default_factory=dict)
-    exclusion_seconds: float = EXCLUSION_SECONDS
-
-    def why(self, node: str) -> str:
-        return self.lost.get(node) or self.sick.get(node) or ""
-
-
-ALL_HEALTHY = NodeHealth()
 
 
 def read(node: Mapping[str, Any] | None, unhealthy_taints: Iterable[str] = UNHEALTHY_TAINTS) -> tuple[str, str]:
@@ -137,3 +125,29 @@ def force_delete(pods: Iterable[PodView], health: NodeHealth) -> tuple[PodView, 
 
 def still_excluded(since: datetime | None, now: datetime, seconds: float) -> bool:
     return since is not None and (now - since).total_seconds() < seconds
+
+
+def rule(v: View) -> Transition | None:
+    """A rank of the attempt on a lost or sick node restarts the gang off it at once."""
+    left = decide(tuple(v.obs.current.values()), v.nodes)
+    if left is None:
+        return _lost_under_last_attempt(v)
+    reason = Reason.NODE_LOST if left.lost else Reason.NODE_UNHEALTHY
+    state = "is lost" if left.lost else "is unhealthy"
+    cause = f"node {left.node} {state} ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there"
+    rp = v.job.spec.run_policy
+    if v.status.restarts >= rp.backoff_limit:
+        return Finish(False, Reason.BACKOFF, f"{cause}; {no_restarts_left(rp.backoff_limit)}")
+    excluded = ExcludedNode(left.node, reason.value, left.why, v.now)
+    return Restart(reason, f"{cause}; the next attempt avoids the node", rp.backoff_limit, exclude=excluded)
+
+
+def _lost_under_last_attempt(v: View) -> Transition | None:
+    """The restart under way came from a node lost under the last attempt (``under_last_attempt``)."""
+    left = under_last_attempt(v.obs.stale, v.status.attempt, v.nodes, v.status.excluded_names)
+    if left is None:
+        return None
+    message = (f"node {left.node} is lost ({left.why}): rank {left.pod.rank}'s pod {left.pod.name} ran there, and the "
+               f"gang's restart as attempt {v.status.attempt} (restart {v.status.restarts}, already counted) came from "
+               f"it; the next attempts avoid the node")  # fmt: skip
+    return NodeLostUnder(message, ExcludedNode(left.node, Reason.NODE_LOST.value, left.why, v.now))

@@ -71,3 +71,7 @@ def on_no_progress(policy: RunPolicy, restarts: int) -> Verdict:
     if restarts >= policy.backoff_limit:
         return Verdict.BACKOFF_EXCEEDED
     return Verdict.RESTART
+
+
+def no_restarts_left(backoff_limit: int) -> str:
+    return f"no restarts left (spec.runPolicy.backoffLimit={backoff_limit})"

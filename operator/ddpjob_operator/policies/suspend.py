@@ -8,6 +8,8 @@ from __future__ import annotations
 from enum import Enum
 
 from ddpjob_contract.status import Phase
+from ddpjob_operator import transitions
+from ddpjob_operator.view import View
 
 
 class Transition(Enum):
@@ -23,3 +25,8 @@ def transition(suspend: bool, phase: Phase) -> Transition | None:
     if not suspend and phase is Phase.SUSPENDED:
         return Transition.RESUME
     return None
+
+
+def rule(v: View) -> transitions.Transition | None:
+    change = transition(v.job.spec.run_policy.suspend, v.status.phase)
+    return {Transition.SUSPEND: transitions.Suspend(), Transition.RESUME: transitions.Resume(), None: None}[change]

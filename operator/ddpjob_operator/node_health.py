@@ -1,0 +1,24 @@
+"""The nodes the operator knows to be lost or sick (``nodewatch``), as ``policies.node_loss`` reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+EXCLUSION_SECONDS = 3600.0
+"""How long a node stays in ``status.excludedNodes`` by default."""
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """The nodes the operator knows to be bad (name -> why), and how long a job avoids one after leaving it."""
+
+    lost: Mapping[str, str] = field(default_factory=dict)
+    sick: Mapping[str, str] = field(default_factory=dict)
+    exclusion_seconds: float = EXCLUSION_SECONDS
+
+    def why(self, node: str) -> str:
+        return self.lost.get(node) or self.sick.get(node) or ""
+
+
+ALL_HEALTHY = NodeHealth()

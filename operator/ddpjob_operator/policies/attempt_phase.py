@@ -1,0 +1,24 @@
+"""Within an attempt: Pending until every pod exists (then launched), Rendezvous while the ranks join the process
+group, Running once all have joined; Running stays for the rest of the attempt."""
+
+from __future__ import annotations
+
+from ddpjob_contract.status import Phase
+from ddpjob_operator import progress_fold
+from ddpjob_operator.transitions import Launch, Rendezvous, Run, Transition, Wait
+from ddpjob_operator.view import View
+
+
+def rule(v: View) -> Transition | None:
+    """Within the attempt: launched once every pod exists, then Rendezvous, then Running."""
+    spec, status, obs = v.job.spec, v.status, v.obs
+    launched = status.launched_attempt >= status.attempt
+    if not launched and not obs.stale and not obs.missing:
+        return Launch(spec.replicas)
+    started = launched and obs.all_started(spec.replicas)
+    if started and status.phase is not Phase.RUNNING:
+        joined = progress_fold.joined(v.job, status, obs, v.scrapes)
+        return Rendezvous(joined, spec.world_size) if joined < spec.world_size else Run(spec.replicas, v.requested)
+    if not started and status.phase not in (Phase.RESTARTING, Phase.RUNNING):  # within an attempt, Running stays
+        return Wait()
+    return None
