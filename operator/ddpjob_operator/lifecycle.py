@@ -1,10 +1,10 @@
 """Pure: from the job, its remembered status and the pods that exist, decide what to do next.
 
-``plan`` observes the pods once, asks the policies in order (``POLICIES``) for a transition, lets
-the first one that changes something win, applies it (``transitions.apply``, the one place that
-sets phases, conditions and Events), and plans the pods for the status that results. A new
-attempt's pods are planned in the same reconcile (its old pods deleted, or its pods created when
-none is left).
+``plan`` observes the pods once, builds what the policies read (``view.View``), asks the policies in order
+(``POLICIES``: each a ``policies.<module>.rule``) for a transition, lets the first one that changes something
+win, applies it (``transitions.apply``, the one place that sets phases, conditions and Events), and plans the
+pods for the status that results. A new attempt's pods are planned in the same reconcile (its old pods
+deleted, or its pods created when none is left).
 
 The caller executes the plan in a crash-safe order: write the status first (it carries the
 attempt number), then delete, then create if absent. Replaying a plan after a crash therefore
