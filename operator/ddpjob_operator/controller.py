@@ -29,10 +29,11 @@ from typing import Any, Protocol
 from ddpjob_contract import faults
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, metrics, queueing
+from ddpjob_operator.actions import Plan
 from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
 from ddpjob_operator.kube import Conflict, KubeError, NamespaceTerminating, NotServed
-from ddpjob_operator.lifecycle import Plan, as_admitted, plan, plan_invalid
+from ddpjob_operator.lifecycle import as_admitted, plan, plan_invalid
 from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.policies import in_place
 from ddpjob_operator.progress import Scrape, Target

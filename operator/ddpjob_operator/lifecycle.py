@@ -14,12 +14,12 @@ never double-counts a restart and never duplicates a pod.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import exit_messages, progress, progress_fold, queueing
+from ddpjob_operator.actions import RESYNC_SECONDS, Plan, deletable, soonest
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
 from ddpjob_operator.node_health import ALL_HEALTHY, NodeHealth
@@ -41,90 +41,11 @@ from ddpjob_operator.policies import (
     spec_change,
     straggler_condition,
     suspend,
-    ttl,
 )
-from ddpjob_operator.progress import Scrape, Target
+from ddpjob_operator.progress import Scrape
 from ddpjob_operator.status import JobStatus, Observation, PodView, observe, with_counts
 from ddpjob_operator.transitions import Create, Finish, Transition, apply
 from ddpjob_operator.view import CreateErrors, Placement, View
-
-RESYNC_SECONDS = 300.0
-"""Reconcile a live job at least this often, even when no event arrives."""
-KUEUE_POLL_SECONDS = 2.0
-"""Read a queued job's Workload this often: Kueue's admission and eviction wake no watch of ours yet."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    status: JobStatus
-    create_service: bool = False
-    """Create the job's headless Service if absent: planned with the pods of each attempt."""
-    gang: bool = False
-    """The ranks are placed as one gang: each pod names the attempt's PodGroup."""
-    create_pod_group: bool = False
-    """Create the attempt's PodGroup if absent (and delete older attempts'): planned with its pods."""
-    create_ranks: tuple[int, ...] = ()
-    """Ranks of ``status.attempt`` to create if absent."""
-    delete_pods: tuple[PodView, ...] = ()
-    delete_job: bool = False
-    events: tuple[Event, ...] = field(default_factory=tuple)
-    requeue_after: float | None = None
-    poll: tuple[Target, ...] = ()
-    """The ranks' metrics endpoints to poll for progress (none: stop polling this job)."""
-    poll_interval: float = progress.WINDOW_SECONDS / 4
-    placement: queueing.Placement = field(default_factory=queueing.Placement)
-    """What Kueue's admission adds to every pod made (its flavors' node labels and tolerations)."""
-    create_workload: bool = False
-    """Create the job's Kueue Workload if absent: before any pod."""
-    workload_status: tuple[queueing.StatusApply, ...] = ()
-    """What to tell Kueue (PodsReady, the eviction acknowledged, Finished), after the job's status is written."""
-    release_workload: bool = False
-    """Drop Kueue's finalizer from the Workload."""
-    adopt_pods: tuple[PodView, ...] = ()
-    """Pods of the last attempt that their kubelet restarts in place: moved into ``status.attempt``
-    (``policies.in_place``)."""
-    force_delete_pods: tuple[PodView, ...] = ()
-    """Pods on a lost node, to delete with no grace period: its kubelet cannot confirm (``policies.node_loss``)."""
-    avoid_nodes: tuple[str, ...] = ()
-    """Nodes every pod made is kept off (``status.excludedNodes``)."""
-
-
-def _deletable(pods: Sequence[PodView]) -> tuple[PodView, ...]:
-    return tuple(p for p in pods if not p.terminating)
-
-
-def _min(*values: float | None) -> float | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
-
-
-def _finished_plan(job: Job, status: JobStatus, obs: Observation, now: datetime, events: tuple[Event, ...]) -> Plan:
-    """A finished job: honour cleanPodPolicy, delete stale pods, and delete the job once its TTL is up."""
-    rp = job.spec.run_policy
-    status = _final_progress(job, status, obs)
-    failed = status.condition(ConditionType.FAILED)
-    succeeded = status.condition(ConditionType.SUCCEEDED)
-    stop_running = bool(failed and failed.status and failed.reason == Reason.DEADLINE) or bool(
-        succeeded and succeeded.status and succeeded.reason == Reason.STUCK_EXITING
-    )
-    keep = cleanup.pods_to_delete(rp.clean_pod_policy, obs.current.values(), stop_running=stop_running)
-    deletes = _deletable([*obs.stale, *(p for p in obs.current.values() if p.name in keep)])
-    left = ttl.seconds_left(status.completion_time, rp.ttl_seconds_after_finished, now)
-    expired = ttl.expired(status.completion_time, rp.ttl_seconds_after_finished, now)
-    if expired:
-        events += (Event(Reason.TTL, f"deleting the job {rp.ttl_seconds_after_finished}s after it finished"),)
-    return Plan(
-        status=with_counts(status, obs, job.spec.replicas),
-        delete_pods=deletes,
-        delete_job=expired,
-        events=events,
-        requeue_after=None if expired else left,
-    )
-
-
-def _final_progress(job: Job, status: JobStatus, obs: Observation) -> JobStatus:
-    """A finished run's progress: its outcome, not its last poll (``progress_fold.outcome``)."""
-    return replace(status, progress=progress_fold.outcome(job, status, obs))
 
 
 def plan(
@@ -158,23 +79,11 @@ def plan(
     old = replace(old, excluded_nodes=excluded)
     creates = CreateErrors(refused=refused, failed=failed_create)
     the_plan = _plan(job, old, pods, now, scrapes, creates, pod_groups, queued, nodes)
-    return replace(the_plan, **_kueue_writes(queued, the_plan, pods, now), **_leave_bad_nodes(the_plan, pods, nodes))
-
-
-def _leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: NodeHealth) -> dict[str, Any]:
-    """Pods on a lost node go with no grace period: those this plan deletes, those deleted before and stuck there,
-    and those of an earlier attempt that would wait to be restarted in place (their kubelet cannot). Every pod made
-    avoids the nodes the job excludes."""
-    attempt = the_plan.status.attempt
-    earlier = (p for p in pods if p.terminating or (p.attempt is not None and p.attempt < attempt))
-    forced = node_loss.force_delete(dict.fromkeys([*the_plan.delete_pods, *earlier]), nodes)
-    names = {p.name for p in forced}
-    return {
-        "delete_pods": tuple(p for p in the_plan.delete_pods if p.name not in names),
-        "adopt_pods": tuple(p for p in the_plan.adopt_pods if p.name not in names),
-        "force_delete_pods": forced,
-        "avoid_nodes": the_plan.status.excluded_names,
-    }
+    return replace(
+        the_plan,
+        **admission.kueue_writes(queued, the_plan, pods, now),
+        **node_loss.leave_bad_nodes(the_plan, pods, nodes),
+    )
 
 
 def _plan(
@@ -196,7 +105,7 @@ def _plan(
     job = as_admitted(job, status)
     obs = _observe(job, status, pods)
     if status.phase.finished:
-        return _finished_plan(job, status, obs, now, events)
+        return cleanup.finished_plan(job, status, obs, now, events)
     placement = gang.placement(job.spec.gang_scheduling, pod_groups)
     view = replace(_view(job, status, obs, now, scrapes, creates, placement, queued, requested), nodes=nodes)
     status = view.status
@@ -222,27 +131,6 @@ def as_admitted(job: Job, status: JobStatus) -> Job:
     if not count or count >= job.spec.replicas:
         return job
     return replace(job, spec=replace(job.spec, replicas=count))
-
-
-def _kueue_writes(q: queueing.Queueing, the_plan: Plan, pods: Sequence[PodView], now: datetime) -> dict[str, Any]:
-    """The plan's Workload I/O, from what Kueue said and what the plan leaves (policies.admission)."""
-    if not q.queued:
-        return {}
-    status = the_plan.status
-    outcome = [c.message for c in status.conditions if c.type in (ConditionType.SUCCEEDED, ConditionType.FAILED)
-               and c.status]  # fmt: skip
-    left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
-    ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
-    writes = admission.workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
-                                       outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
-    settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
-    return {
-        "create_workload": admission.create_workload(q, status.phase),
-        "workload_status": writes,
-        "release_workload": admission.release_workload(q, left),
-        # Kueue's decisions wake no watch of ours: look again soon while the Workload may still change
-        "requeue_after": _min(the_plan.requeue_after, None if settled else KUEUE_POLL_SECONDS),
-    }
 
 
 def _create(job: Job, pod_groups: bool) -> Transition:
@@ -289,9 +177,9 @@ def _plan_for(
     """What to do with the pods, given the status the transition left."""
     spec = job.spec
     if status.phase.finished:
-        return _finished_plan(job, status, obs, now, events)
+        return cleanup.finished_plan(job, status, obs, now, events)
     if status.phase in (Phase.SUSPENDED, Phase.QUEUED):
-        deletes = _deletable([*obs.stale, *obs.current.values()])
+        deletes = deletable([*obs.stale, *obs.current.values()])
         return Plan(status=with_counts(status, obs, spec.replicas), delete_pods=deletes, events=events)
     launched = status.launched_attempt >= status.attempt
     creates = obs.missing if not launched and not obs.stale else ()  # names are per rank: old pods go first
@@ -312,10 +200,10 @@ def _plan_for(
         gang=gang_placed,
         create_pod_group=gang_placed and bool(creates),
         create_ranks=creates,
-        delete_pods=_deletable(kept.delete),
+        delete_pods=deletable(kept.delete),
         adopt_pods=kept.adopt,
         events=events,
-        requeue_after=_min(left, None if exiting is None else max(exiting, 1.0), kept.wait_left, RESYNC_SECONDS),
+        requeue_after=soonest(left, None if exiting is None else max(exiting, 1.0), kept.wait_left, RESYNC_SECONDS),
         poll=progress_fold.poll_targets(job, obs, progress_fold.silent_in_attempt(status))
         if status.phase is not Phase.RESTARTING
         else (),

@@ -16,8 +16,9 @@ import pytest
 from ddpjob_contract import kueue
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, queueing
+from ddpjob_operator.actions import Plan
 from ddpjob_operator.api import Job, parse_job
-from ddpjob_operator.lifecycle import Plan, plan
+from ddpjob_operator.lifecycle import plan
 from ddpjob_operator.policies import admission
 from ddpjob_operator.status import JobStatus, PodView
 

@@ -10,8 +10,9 @@ import pytest
 
 from ddpjob_contract import exits
 from ddpjob_contract.status import ConditionType, Phase
+from ddpjob_operator.actions import RESYNC_SECONDS, Plan
 from ddpjob_operator.api import Job
-from ddpjob_operator.lifecycle import RESYNC_SECONDS, Plan, plan, plan_invalid
+from ddpjob_operator.lifecycle import plan, plan_invalid
 from ddpjob_operator.progress import REFUSED, WINDOW_SECONDS, Checkpoint, RankSample, Scrape
 from ddpjob_operator.status import Disruption, JobStatus, PodView, pod_view
 from ddpjob_operator.times import from_time

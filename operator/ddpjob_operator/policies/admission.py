@@ -11,12 +11,16 @@ create, PodsReady, the eviction acknowledged once every pod is gone, Finished, t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
+from ddpjob_operator.actions import KUEUE_POLL_SECONDS, Plan, soonest
 from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
+from ddpjob_operator.status import PodView
 from ddpjob_operator.transitions import Admit, Evict, Queue, Transition
 from ddpjob_operator.view import View
 
@@ -148,3 +152,24 @@ def rule(v: View) -> Transition | None:
         case Verdict.EVICT:
             return Evict(decision.message, v.job.spec.run_policy.backoff_limit)
     return Queue(decision.reason, decision.message)
+
+
+def kueue_writes(q: Queueing, the_plan: Plan, pods: Sequence[PodView], now: datetime) -> dict[str, Any]:
+    """The plan's Workload I/O, from what Kueue said and what the plan leaves: fields of ``Plan`` to replace."""
+    if not q.queued:
+        return {}
+    status = the_plan.status
+    outcome = [c.message for c in status.conditions if c.type in (ConditionType.SUCCEEDED, ConditionType.FAILED)
+               and c.status]  # fmt: skip
+    left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
+    ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
+    writes = workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
+                                       outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
+    settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
+    return {
+        "create_workload": create_workload(q, status.phase),
+        "workload_status": writes,
+        "release_workload": release_workload(q, left),
+        # Kueue's decisions wake no watch of ours: look again soon while the Workload may still change
+        "requeue_after": soonest(the_plan.requeue_after, None if settled else KUEUE_POLL_SECONDS),
+    }

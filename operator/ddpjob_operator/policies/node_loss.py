@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_contract.status import Reason
+from ddpjob_operator.actions import Plan
 from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.policies.restart import no_restarts_left
 from ddpjob_operator.status import ExcludedNode, PodView
@@ -151,3 +152,19 @@ def _lost_under_last_attempt(v: View) -> Transition | None:
                f"gang's restart as attempt {v.status.attempt} (restart {v.status.restarts}, already counted) came from "
                f"it; the next attempts avoid the node")  # fmt: skip
     return NodeLostUnder(message, ExcludedNode(left.node, Reason.NODE_LOST.value, left.why, v.now))
+
+
+def leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: NodeHealth) -> dict[str, Any]:
+    """Pods on a lost node go with no grace period: those this plan deletes, those deleted before and stuck there,
+    and those of an earlier attempt that would wait to be restarted in place (their kubelet cannot). Every pod made
+    avoids the nodes the job excludes."""
+    attempt = the_plan.status.attempt
+    earlier = (p for p in pods if p.terminating or (p.attempt is not None and p.attempt < attempt))
+    forced = force_delete(dict.fromkeys([*the_plan.delete_pods, *earlier]), nodes)
+    names = {p.name for p in forced}
+    return {
+        "delete_pods": tuple(p for p in the_plan.delete_pods if p.name not in names),
+        "adopt_pods": tuple(p for p in the_plan.adopt_pods if p.name not in names),
+        "force_delete_pods": forced,
+        "avoid_nodes": the_plan.status.excluded_names,
+    }
