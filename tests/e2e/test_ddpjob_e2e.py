@@ -335,9 +335,10 @@ def test_an_unmodified_textbook_ddp_script_trains_under_the_operator(
     jobs: Jobs, kubectl: Kubectl, namespace: str
 ) -> None:
     # It must outlast the operator's polls until it gives up on its /metrics (5 polls over 45 s), or it is never
-    # Running: 600 epochs of 8 steps of at least 16 ms, 77 s at least however fast the machine (3000 epochs of
-    # unpaced steps took 41 s on a quiet one, and it Succeeded from Rendezvous).
-    _textbook_job(jobs, "textbook", 600, step_seconds=0.016)
+    # Running: 100 epochs of 8 steps of at least 0.1 s, 80 s at least however fast the machine (3000 epochs of
+    # unpaced steps took 41 s on a quiet one, and it Succeeded from Rendezvous). Few steps, each mostly asleep: under
+    # make test's load, 600 epochs of 16 ms steps took 249 s, most of it computing.
+    _textbook_job(jobs, "textbook", 100, step_seconds=0.1)
     jobs.wait_phase("textbook", "Running", 180)
     (row,) = table(kubectl("get", "ddpj", "textbook", "-n", namespace).stdout)
     assert (row["PROGRESS"], row["ETA"]) == ("", ""), f"while it runs, with no total and no pace: empty: {row}"
