@@ -555,10 +555,12 @@ def _tree_digest(paths: Sequence[Path]) -> str:
 
 
 def target_inputs(target: str) -> list[Path]:
-    """What an image is built from: the Dockerfile, pyproject.toml and the packages it keeps."""
+    """What an image is built from: the Dockerfile, the context's filter (.dockerignore), pyproject.toml and the
+    packages it keeps."""
     package_dirs = _pyproject()["tool"]["setuptools"]["package-dir"]
     kept = sorted(set(package_dirs) - DROPPED[target])
-    return [REPO_ROOT / "Dockerfile", REPO_ROOT / "pyproject.toml", *(REPO_ROOT / package_dirs[p] for p in kept)]
+    files = [REPO_ROOT / name for name in ("Dockerfile", ".dockerignore", "pyproject.toml")]
+    return [*files, *(REPO_ROOT / package_dirs[p] for p in kept)]
 
 
 def bud_argv(target: str, base: str, tag: str) -> list[str]:
