@@ -345,15 +345,16 @@ class Kube:
         self._request("PATCH", self._workload_path(meta["namespace"], meta["name"]) + "/status", body=body,
                       query=query, content_type="application/apply-patch+yaml")  # fmt: skip
 
-    def deleted_workloads(self, namespace: str) -> list[tuple[str, str]]:
-        """(namespace, name) of our Workloads being deleted that still hold Kueue's finalizer ("": all namespaces;
-        none where Kueue is not installed)."""
+    def deleted_workloads(self, namespace: str) -> list[tuple[str, str, str]]:
+        """(namespace, name, job name) of our Workloads being deleted that still hold Kueue's finalizer ("": all
+        namespaces; none where Kueue is not installed). The job's name is the label ``builders.workload`` gives it."""
         base = f"/apis/{kueue.API_VERSION}" + (f"/namespaces/{quote(namespace)}" if namespace else "")
         try:
             data = self._request("GET", f"{base}/workloads", query=[("labelSelector", _MANAGED)])
         except NotServed:
             return []
-        return [(str(m.get("namespace")), str(m.get("name"))) for w in data.get("items") or []
+        return [(str(m.get("namespace")), str(m.get("name")), str((m.get("labels") or {}).get(LABEL_JOB_NAME, "")))
+                for w in data.get("items") or []
                 if (m := w.get("metadata") or {}).get("deletionTimestamp")
                 and kueue.FINALIZER in (m.get("finalizers") or [])]  # fmt: skip
 

@@ -146,8 +146,8 @@ class Runtime:
                 if not self.kube.serves(kueue.API_VERSION, "workloads"):
                     continue
                 for scope in scopes if scopes and not namespaces.any_pattern(scopes) else [""]:
-                    for ns, name in self.kube.deleted_workloads(scope):
-                        if (ns, name.removeprefix("ddpjob-").rsplit("-", 1)[0]) not in self.served:
+                    for ns, name, job_name in self.kube.deleted_workloads(scope):
+                        if (ns, job_name) not in self.served:
                             self.kube.release_workload(ns, name)
                 said = ""
             except Exception as err:  # the apiserver restarting, or RBAC without Workloads: the next sweep tries again
