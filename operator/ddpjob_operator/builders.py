@@ -255,8 +255,27 @@ def pod(
     restarts it in place on a retryable exit (``restart_rules``); ``restarts_left``: how many times the ranks' own
     supervisors may restart the gang's processes in place (``MAX_RESTARTS``, ``in_place.in_process``)."""
     template = copy.deepcopy(dict(job.spec.template))
-    meta = template.get("metadata") or {}
+    name = pod_name(job.name, rank)
+    metadata = _pod_metadata(job, template.get("metadata") or {}, name, rank, attempt)
     spec: dict[str, Any] = template["spec"]
+    _place(spec, job, name, attempt, gang=gang, grace=grace)
+    trainer = spec["containers"][0]
+    _set_up_trainer(job, trainer, rank, attempt, grace, restarts_left)
+    rules = restart_rules(job.spec.run_policy) if in_place else []
+    if rules:
+        trainer["restartPolicy"] = "Never"  # a container's rules need its own policy; the rules override it
+        trainer["restartPolicyRules"] = rules
+    if job.spec.checkpoint is not None:
+        _mount_checkpoint(spec, trainer, job.spec.checkpoint)
+    if job.spec.wait_for_master_seconds > 0:
+        wait = wait_for_master.container(job, trainer, rank, master=master_addr(job.name))
+        spec["initContainers"] = [wait, *(spec.get("initContainers") or [])]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _pod_metadata(job: Job, meta: dict[str, Any], name: str, rank: int, attempt: int) -> dict[str, Any]:
+    """A rank pod's name and namespace; the template's labels and annotations, plus its rank, attempt and spec
+    hash; its owner, the job."""
     labels = {
         **(meta.get("labels") or {}),
         **selector(job.name),
@@ -264,7 +283,17 @@ def pod(
         LABEL_ATTEMPT: str(attempt),
     }
     annotations = {**(meta.get("annotations") or {}), ANNOTATION_SPEC_HASH: job.spec.spec_hash}
-    name = pod_name(job.name, rank)
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "annotations": annotations,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def _place(spec: dict[str, Any], job: Job, name: str, attempt: int, *, gang: bool, grace: int) -> None:
+    """The pod spec's name in the headless Service, restart policy and grace period; ``gang``: its PodGroup."""
     spec["hostname"] = name
     spec["subdomain"] = job.name
     # The operator restarts the whole gang; the kubelet restarting one rank in place would not help.
@@ -272,37 +301,18 @@ def pod(
     spec["terminationGracePeriodSeconds"] = grace
     if gang:
         spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
-    trainer = spec["containers"][0]
-    _set_up_trainer(job, trainer, rank, attempt, grace, restarts_left)
-    rules = restart_rules(job.spec.run_policy) if in_place else []
-    if rules:
-        trainer["restartPolicy"] = "Never"  # a container's rules need its own policy; the rules override it
-        trainer["restartPolicyRules"] = rules
-    checkpoint = job.spec.checkpoint
-    if checkpoint is not None:
-        source = (
-            {"persistentVolumeClaim": {"claimName": checkpoint.claim_name}}
-            if checkpoint.claim_name is not None
-            else {"emptyDir": dict(checkpoint.empty_dir or {})}
-        )
-        spec["volumes"] = [*(spec.get("volumes") or []), {"name": api.CHECKPOINT_VOLUME, **source}]
-        mount = {"name": api.CHECKPOINT_VOLUME, "mountPath": checkpoint.mount_path}
-        trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), mount]
-    if job.spec.wait_for_master_seconds > 0:
-        wait = wait_for_master.container(job, trainer, rank, master=master_addr(job.name))
-        spec["initContainers"] = [wait, *(spec.get("initContainers") or [])]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": job.namespace,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": spec,
-    }
+
+
+def _mount_checkpoint(spec: dict[str, Any], trainer: dict[str, Any], checkpoint: api.Checkpoint) -> None:
+    """The checkpoint's volume (its claim, or an emptyDir) in the pod spec, mounted in the trainer."""
+    source = (
+        {"persistentVolumeClaim": {"claimName": checkpoint.claim_name}}
+        if checkpoint.claim_name is not None
+        else {"emptyDir": dict(checkpoint.empty_dir or {})}
+    )
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": api.CHECKPOINT_VOLUME, **source}]
+    mount = {"name": api.CHECKPOINT_VOLUME, "mountPath": checkpoint.mount_path}
+    trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), mount]
 
 
 @dataclass(frozen=True)

@@ -419,16 +419,8 @@ class Controller:
 
     def _execute(self, key: Key, body: dict[str, Any], job: Job, the_plan: Plan, now: datetime) -> float | None:
         """Delete, then create if absent, then delete the job: the plan's status is already written."""
-        for pod in the_plan.force_delete_pods:  # on a lost node, whose kubelet cannot confirm: policies.node_loss
-            log.info("%s/%s: deleting pod %s at once: its node %s is lost", *key, pod.name, pod.node)
-            self._api.delete_pod(job.namespace, pod.name, pod.uid, force=True)
-            faults.point("pod-deleted")
-        for pod in the_plan.delete_pods:
-            self._api.delete_pod(job.namespace, pod.name, pod.uid)
-            faults.point("pod-deleted")
+        self._delete_and_adopt_pods(key, job, the_plan)
         attempt = the_plan.status.attempt
-        for pod in the_plan.adopt_pods:  # restarted in place by its kubelet: into this attempt
-            self._pods.created(self._api.patch_pod(job.namespace, pod.name, builders.adoption(pod, attempt)))
         try:
             if the_plan.create_workload:  # before any pod: none is made until Kueue admits it
                 self._create_workload(key, job)
@@ -440,12 +432,7 @@ class Controller:
                 raise  # refused, yet the namespace is not being deleted: retried with backoff, and logged
             return None
         try:
-            grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
-            restarts = the_plan.status.restarts
-            by_kubelet = bool(the_plan.create_ranks) and self._in_place(job, restarts)
-            self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
-                              avoid=the_plan.avoid_nodes, grace=grace, in_place=by_kubelet,
-                              restarts_left=in_place.in_process(job.spec.run_policy, restarts))  # fmt: skip
+            self._create_ranks(job, attempt, the_plan)
         except NamespaceTerminating:
             if not self._namespace_deleted(key, now, refused=True):
                 raise
@@ -468,6 +455,30 @@ class Controller:
         if the_plan.create_ranks:
             return 0.0  # look again at once: with the pods now there, the status says the attempt launched
         return the_plan.requeue_after
+
+    def _delete_and_adopt_pods(self, key: Key, job: Job, the_plan: Plan) -> None:
+        """The plan's pods deleted, those on a lost node first and at once; then those restarted in place by their
+        kubelet moved into the plan's attempt."""
+        for pod in the_plan.force_delete_pods:  # on a lost node, whose kubelet cannot confirm: policies.node_loss
+            log.info("%s/%s: deleting pod %s at once: its node %s is lost", *key, pod.name, pod.node)
+            self._api.delete_pod(job.namespace, pod.name, pod.uid, force=True)
+            faults.point("pod-deleted")
+        for pod in the_plan.delete_pods:
+            self._api.delete_pod(job.namespace, pod.name, pod.uid)
+            faults.point("pod-deleted")
+        attempt = the_plan.status.attempt
+        for pod in the_plan.adopt_pods:  # restarted in place by its kubelet: into this attempt
+            self._pods.created(self._api.patch_pod(job.namespace, pod.name, builders.adoption(pod, attempt)))
+
+    def _create_ranks(self, job: Job, attempt: int, the_plan: Plan) -> None:
+        """The plan's rank pods (``job`` as admitted), with the grace period their stop needs, restarting in place
+        when their kubelet may."""
+        grace = builders.termination_grace(job, *_measured_stop(the_plan.status))
+        restarts = the_plan.status.restarts
+        by_kubelet = bool(the_plan.create_ranks) and self._in_place(job, restarts)
+        self._create_pods(job, attempt, the_plan.create_ranks, gang=the_plan.gang, placement=the_plan.placement,
+                          avoid=the_plan.avoid_nodes, grace=grace, in_place=by_kubelet,
+                          restarts_left=in_place.in_process(job.spec.run_policy, restarts))  # fmt: skip
 
     def _create_workload(self, key: Key, job: Job) -> None:
         """The job's Workload, which a GET has just found absent. A failure is kept for the next status to say, and

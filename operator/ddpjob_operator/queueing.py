@@ -138,15 +138,9 @@ def read(
     meta = workload.get("metadata") or {}
     status = workload.get("status") or {}
     conditions = tuple(c for c in status.get("conditions") or [] if isinstance(c, Mapping))
-    evicted = find_condition(conditions, "Evicted")
     reserved = find_condition(conditions, "QuotaReserved")
     admission = status.get("admission") or {}
     assignment: Mapping[str, Any] = next(iter(admission.get("podSetAssignments") or []), {}) or {}
-    requested: Mapping[str, Any] = next(iter((workload.get("spec") or {}).get("podSets") or []), {}) or {}
-    count = assignment.get("count", requested.get("count", 0))
-    reclaimable = next(
-        (r.get("count", 0) for r in status.get("reclaimablePods") or [] if r.get("name") == kueue.POD_SET), 0
-    )
     return Queueing(
         queue=queue,
         name=str(meta.get("name") or name),
@@ -157,20 +151,41 @@ def read(
         quota_reserved=reserved.get("status") == "True",
         admitted=_true(conditions, "Admitted"),
         cluster_queue=str(admission.get("clusterQueue") or ""),
-        count=int(count or 0),
+        count=_admitted_count(workload, assignment),
         placement=_placement(assignment, flavors),
         waiting=str(reserved.get("message") or "") if reserved.get("status") != "True" else "",
-        evicted=Eviction(str(evicted.get("reason") or ""), str(evicted.get("message") or ""))
-        if evicted.get("status") == "True"
-        else None,
+        evicted=_eviction(conditions),
         finished=_true(conditions, "Finished"),
         requeue_at=str((status.get("requeueState") or {}).get("requeueAt") or ""),
         pods_ready=str(find_condition(conditions, "PodsReady").get("reason") or ""),
-        reclaimable=int(reclaimable or 0),
+        reclaimable=_reclaimable(status),
         priority_missing=priority_missing,
         conditions=conditions,
         body=workload,
     )
+
+
+def _admitted_count(workload: Mapping[str, Any], assignment: Mapping[str, Any]) -> int:
+    """The ranks the admission assigned; else the count the Workload asks for."""
+    requested: Mapping[str, Any] = next(iter((workload.get("spec") or {}).get("podSets") or []), {}) or {}
+    count = assignment.get("count", requested.get("count", 0))
+    return int(count or 0)
+
+
+def _eviction(conditions: Sequence[Mapping[str, Any]]) -> Eviction | None:
+    """Why Kueue evicted the Workload, while its Evicted condition is True."""
+    evicted = find_condition(conditions, "Evicted")
+    if evicted.get("status") != "True":
+        return None
+    return Eviction(str(evicted.get("reason") or ""), str(evicted.get("message") or ""))
+
+
+def _reclaimable(status: Mapping[str, Any]) -> int:
+    """The count of the ranks' pods Kueue may reclaim, from the Workload's status.reclaimablePods."""
+    reclaimable = next(
+        (r.get("count", 0) for r in status.get("reclaimablePods") or [] if r.get("name") == kueue.POD_SET), 0
+    )
+    return int(reclaimable or 0)
 
 
 def assigned_flavors(workload: Mapping[str, Any]) -> tuple[str, ...]:

@@ -193,43 +193,11 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
     spec = pod.get("spec") or {}
     in_place = any(c.get("name") == trainer and _restarts_all(c) for c in spec.get("containers") or [])
     began = str(annotations.get(ANNOTATION_RESTART_COUNT) or "")
-    base = int(began) if began.isdigit() else 0
-    exit_code: int | None = None
-    finished_at = exit_reason = message = ""
+    statuses = status.get("containerStatuses") or []
+    read = _read_trainer(statuses, trainer, in_place=in_place, base=int(began) if began.isdigit() else 0)
     reason = str(status.get("reason") or "")
-    others_running = trainer_running = restarting = False
-    restarts = next_count = 0
-    for cs in status.get("containerStatuses") or []:
-        state = (cs or {}).get("state") or {}
-        others_running |= cs.get("name") != trainer and "running" in state
-        if cs.get("name") != trainer:
-            continue
-        trainer_running = "running" in state
-        restarts = cs.get("restartCount") if isinstance(cs.get("restartCount"), int) else 0
-        now_ended = state.get("terminated")
-        next_count = restarts + 1 if now_ended else restarts
-        terminated = now_ended
-        if in_place and now_ended and restarts < base:
-            restarting, terminated = True, None  # the exit that began this attempt: its kubelet restarts it
-        elif in_place and not now_ended and restarts > base:
-            terminated = ((cs or {}).get("lastState") or {}).get("terminated")  # restarted in place since
-        if terminated and isinstance(terminated.get("exitCode"), int):
-            exit_code = terminated["exitCode"]
-            finished_at = str(terminated.get("finishedAt") or "")
-            exit_reason = str(terminated.get("reason") or "")
-            message = str(terminated.get("message") or "")
-    if exit_code is None and status.get("phase") == "Failed" and not reason:
-        for cs in status.get("initContainerStatuses") or []:
-            terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
-            if terminated.get("exitCode") not in (None, 0):
-                reason = f"init container {cs.get('name')} exited with code {terminated['exitCode']}"
-                # kubelet's reason, when it has one: StartError (128) is a container that never ran, as when
-                # kubelet restarted while it started it (chaos soak 10, run 1:148), with the runtime's error
-                why, said = str(terminated.get("reason") or ""), one_line(str(terminated.get("message") or ""))
-                if why and why != "Error":
-                    reason += f" ({why}: {said})" if said else f" ({why})"
-                break
-    annotations = meta.get("annotations") or {}
+    if read.exit_code is None and status.get("phase") == "Failed" and not reason:
+        reason = _init_container_failure(status.get("initContainerStatuses") or [])
     return PodView(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -238,25 +206,91 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
         phase=str(status.get("phase") or "Pending"),
         terminating=bool(meta.get("deletionTimestamp")),
-        exit_code=exit_code,
-        exit_reason=exit_reason,
-        message=message,
-        finished_at=finished_at,
+        exit_code=read.exit_code,
+        exit_reason=read.exit_reason,
+        message=read.message,
+        finished_at=read.finished_at,
         reason=reason,
         ip=str(status.get("podIP") or ""),
-        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        node=str(spec.get("nodeName") or ""),
         blocked=_blocked(status),
         unschedulable=_unschedulable(status),
         disruption=_disruption(status),
-        others_running=others_running,
+        others_running=_others_running(statuses, trainer),
         in_place=in_place,
-        restarts=restarts,
-        next_count=next_count,
-        restarting=restarting,
-        trainer_running=trainer_running,
+        restarts=read.restarts,
+        next_count=read.next_count,
+        restarting=read.restarting,
+        trainer_running=read.running,
         adopted=bool(began),
         avoids=tuple(n for n in str(annotations.get(ANNOTATION_EXCLUDED_NODES, "")).split(",") if n),
     )
+
+
+@dataclass(frozen=True)
+class _Trainer:
+    """What the trainer container's status says (``pod_view``): whether it runs, its restartCount, and its exit."""
+
+    running: bool = False
+    restarts: int = 0
+    next_count: int = 0
+    restarting: bool = False
+    exit_code: int | None = None
+    finished_at: str = ""
+    exit_reason: str = ""
+    message: str = ""
+
+
+def _read_trainer(statuses: Sequence[Mapping[str, Any]], trainer: str, *, in_place: bool, base: int) -> _Trainer:
+    """The trainer's status among the pod's containers' (``base``: the restartCount its attempt began at)."""
+    read = _Trainer()
+    for cs in statuses:
+        if cs.get("name") == trainer:
+            read = _trainer_status(read, cs, in_place=in_place, base=base)
+    return read
+
+
+def _trainer_status(read: _Trainer, cs: Mapping[str, Any], *, in_place: bool, base: int) -> _Trainer:
+    """One trainer container's status read: in place, an exit below ``base`` is the last attempt's (its kubelet
+    restarts it), and a restart past it is this attempt's exit, read from its last state."""
+    state = (cs or {}).get("state") or {}
+    count = cs.get("restartCount")
+    restarts = count if isinstance(count, int) else 0
+    now_ended = state.get("terminated")
+    terminated = now_ended
+    restarting = read.restarting
+    if in_place and now_ended and restarts < base:
+        restarting, terminated = True, None  # the exit that began this attempt: its kubelet restarts it
+    elif in_place and not now_ended and restarts > base:
+        terminated = ((cs or {}).get("lastState") or {}).get("terminated")  # restarted in place since
+    read = replace(read, running="running" in state, restarts=restarts,
+                   next_count=restarts + 1 if now_ended else restarts, restarting=restarting)  # fmt: skip
+    if terminated and isinstance(terminated.get("exitCode"), int):
+        read = replace(read, exit_code=terminated["exitCode"], finished_at=str(terminated.get("finishedAt") or ""),
+                       exit_reason=str(terminated.get("reason") or ""),
+                       message=str(terminated.get("message") or ""))  # fmt: skip
+    return read
+
+
+def _others_running(statuses: Sequence[Mapping[str, Any]], trainer: str) -> bool:
+    """A container other than the trainer runs."""
+    return any(cs.get("name") != trainer and "running" in ((cs or {}).get("state") or {}) for cs in statuses)
+
+
+def _init_container_failure(statuses: Sequence[Mapping[str, Any]]) -> str:
+    """'init container wait exited with code 1 (<kubelet's reason>: <its message>)' for the first that failed;
+    empty when none did."""
+    for cs in statuses:
+        terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
+        if terminated.get("exitCode") not in (None, 0):
+            reason = f"init container {cs.get('name')} exited with code {terminated['exitCode']}"
+            # kubelet's reason, when it has one: StartError (128) is a container that never ran, as when
+            # kubelet restarted while it started it (chaos soak 10, run 1:148), with the runtime's error
+            why, said = str(terminated.get("reason") or ""), one_line(str(terminated.get("message") or ""))
+            if why and why != "Error":
+                reason += f" ({why}: {said})" if said else f" ({why})"
+            return reason
+    return ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -189,117 +189,54 @@ Transition = (
 )  # fmt: skip
 
 
-def apply(status: JobStatus, transition: Transition, now: datetime) -> tuple[JobStatus, tuple[Event, ...]]:
-    """The status after ``transition``, and the Events that tell of it."""
+Applied = tuple[JobStatus, tuple[Event, ...]]
+"""A job's status after a transition, and the Events that tell of it."""
+
+
+def apply(status: JobStatus, transition: Transition, now: datetime) -> Applied:
+    """The status after ``transition``, and the Events that tell of it: between attempts here (a job made,
+    finished, restarted, suspended, queued, admitted...), within one in ``_within_attempt``."""
     match transition:
-        case Create(suspended=suspended):
-            message = transition.message()
-            status = replace(status, phase=Phase.PENDING, start_time=None if suspended else now)
-            status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
-            status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
-            if transition.placement is not None:
-                status = status.with_condition(ConditionType.GANG_SCHEDULING, *transition.placement, now)
-            return status, (Event(Reason.CREATED, message),)
+        case Create():
+            return _create(status, transition, now)
         case Finish():
             return _finish(status, transition, now), (Event(transition.reason, transition.message,
                                                             warning=not transition.succeeded),)  # fmt: skip
-        case Restart(reason=reason, cause=cause, backoff_limit=limit, counted=counted, exclude=exclude):
-            restarts = status.restarts + 1 if counted else status.restarts
-            status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts,
-                             machine_fault=transition.machine_fault)  # fmt: skip
-            if exclude is not None:
-                kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
-                status = replace(status, excluded_nodes=(*kept, exclude))
-            count = f"restart {restarts} of {limit}" if counted else f"not counted: restarts stay {restarts} of {limit}"
-            message = f"{cause}; restarting the gang as attempt {status.attempt} ({count})"
-            status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
-            return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
-        case NodeLostUnder(message=message, exclude=exclude):
-            kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
-            status = replace(status, excluded_nodes=(*kept, exclude))
-            restarting = status.condition(ConditionType.RESTARTING)
-            if restarting is not None and restarting.status:
-                status = status.with_condition(ConditionType.RESTARTING, True, Reason.NODE_LOST, message, now)
-            return status, (Event(Reason.NODE_LOST, message, warning=True),)
-        case RestartedInPlace(count=count, seen=seen, why=why, backoff_limit=limit, at=at):
-            restarts = status.restarts + count
-            # The step went back to the checkpoint's: the progress deadline counts from the restart.
-            progress = replace(status.progress or ProgressStatus(attempt=status.attempt), restarts_in_place=seen,
-                               step=None, last_progress_time=at)  # fmt: skip
-            status = replace(status, restarts=restarts, progress=progress)
-            message = (f"{why or 'a rank failed'}; the ranks' supervisors restarted the gang's processes in place "
-                       f"(restart {restarts} of {limit}; attempt {status.attempt} and its pods kept)")  # fmt: skip
-            return status, (Event(Reason.RETRYABLE, message, warning=True, key=f"{status.attempt}.{seen}"),)
+        case Restart():
+            return _restart(status, transition, now)
+        case NodeLostUnder():
+            return _node_lost_under(status, transition, now)
+        case RestartedInPlace():
+            return _restarted_in_place(status, transition)
         case Rebuild():
-            status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
-            message = f"the pods were built from an older spec; starting attempt {status.attempt}"
-            return status, (Event(Reason.SPEC_CHANGED, message),)
+            return _rebuild(status)
         case Suspend():
-            message = f"attempt {status.attempt} stopped: pods deleted; clear spec.runPolicy.suspend to resume"
-            status = replace(status, phase=Phase.SUSPENDED, start_time=None)
-            status = status.with_condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message, now)
-            return _not_running(status, Reason.SUSPENDED, message, now), (Event(Reason.SUSPENDED, message),)
+            return _suspend(status, now)
         case Resume():
-            status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1, start_time=now)
-            message = f"resumed as attempt {status.attempt}"
-            status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
-            return status, (Event(Reason.RESUMED, message),)
-        case Queue(reason=reason, message=message):
-            status = replace(status, phase=Phase.QUEUED, start_time=None)
-            status = status.with_condition(ConditionType.QUEUED, True, reason, message, now)
-            warning = reason in (Reason.KUEUE_NOT_INSTALLED, Reason.WORKLOAD_MISSING)
-            return _not_running(status, reason, message, now), (Event(reason, message, warning=warning),)
-        case Evict(message=message, backoff_limit=limit):
-            told = f"{message}; stopping the ranks (not counted: restarts stay {status.restarts} of {limit})"
-            status = replace(status, phase=Phase.QUEUED, start_time=None)
-            status = status.with_condition(ConditionType.QUEUED, True, Reason.EVICTED, message, now)
-            return _not_running(status, Reason.EVICTED, message, now), (Event(Reason.EVICTED, told, warning=True),)
-        case Admit(count=count, replicas=replicas, cluster_queue=cq):
-            # A new attempt only if the last one made pods: the first admission runs attempt 0
-            attempt = status.attempt + 1 if status.launched_attempt >= status.attempt else status.attempt
-            partial = count < replicas
-            status = replace(status, phase=Phase.PENDING, attempt=attempt, start_time=now,
-                             admitted_replicas=count if partial else 0)  # fmt: skip
-            message = f"admitted by Kueue in ClusterQueue {cq}" + (
-                f": running {count} of {replicas} ranks (partial quota; spec.minReplicas allows it)" if partial else ""
-            )
-            status = status.with_condition(ConditionType.QUEUED, False, Reason.ADMITTED, message, now)
-            return status, (Event(Reason.ADMITTED, f"{message}; starting attempt {attempt}"),)
+            return _resume(status, now)
+        case Queue():
+            return _queue(status, transition, now)
+        case Evict():
+            return _evict(status, transition, now)
+        case Admit():
+            return _admit(status, transition, now)
         case _:
             return _within_attempt(status, transition, now)
 
 
-def _within_attempt(status: JobStatus, transition: Transition, now: datetime) -> tuple[JobStatus, tuple[Event, ...]]:
+def _within_attempt(status: JobStatus, transition: Transition, now: datetime) -> Applied:
+    """The status after a transition within an attempt: its pods made, its ranks joining, running, waiting,
+    a straggler flagged or recovered."""
     match transition:
-        case Launch(replicas=replicas):
-            phase = Phase.PENDING if status.phase is Phase.RESTARTING else status.phase
-            status = replace(status, launched_attempt=status.attempt, phase=phase)
-            if status.attempt == 0:  # its pods follow the Created (or Admitted) Event at once: no Event of its own
-                return status, ()
-            return status, (Event(Reason.LAUNCHED, f"all {replicas} pods of attempt {status.attempt} exist"),)
+        case Launch():
+            return _launch(status, transition)
         case Rendezvous(joined=joined, world_size=world_size):
             message = f"{joined} of {world_size} ranks joined the process group"
             return _not_running(replace(status, phase=Phase.RENDEZVOUS), Reason.RENDEZVOUS, message, now), ()
-        case Run(replicas=replicas):
-            message = f"all {replicas} ranks are running (attempt {status.attempt})"
-            if status.admitted_replicas:
-                message = (f"running {replicas} of {transition.requested} ranks: admitted by Kueue with partial quota "
-                           f"(attempt {status.attempt})")  # fmt: skip
-            status = replace(status, phase=Phase.RUNNING)
-            status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
-            restarting = status.condition(ConditionType.RESTARTING)
-            if restarting and restarting.status:
-                status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
-            return status, (Event(Reason.ALL_RUNNING, message),)
-        case Wait(blocked=blocked, reason=reason) if blocked:
-            status = _not_running(status, reason, blocked, now)
-            key = hashlib.sha256(blocked.encode()).hexdigest()[:10]  # one Event per distinct cause
-            return status, (Event(reason, blocked, warning=True, key=key),)
-        case Wait(unblocked=unblocked):
-            status = replace(status, phase=Phase.PENDING)
-            if unblocked or status.condition(ConditionType.RUNNING) is None:
-                status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
-            return status, ()
+        case Run():
+            return _run(status, transition, now)
+        case Wait():
+            return _wait(status, transition, now)
         case FlagStraggler(rank=rank, message=message, since=since, at=at):
             status = status.with_condition(ConditionType.STRAGGLER_DETECTED, True, Reason.STRAGGLER, message, at)
             key = f"{rank}.{int(since.timestamp())}"
@@ -309,6 +246,150 @@ def _within_attempt(status: JobStatus, transition: Transition, now: datetime) ->
             status = status.with_condition(ConditionType.STRAGGLER_DETECTED, False, reason, message, at)
             return status, (Event(reason, message, key=str(int(flagged.timestamp()) if flagged else 0)),)
     raise AssertionError(f"unknown transition {transition!r}")
+
+
+def _create(status: JobStatus, create: Create, now: datetime) -> Applied:
+    """Pending, its clock started unless it is created suspended; Created said, and the gang's placement."""
+    message = create.message()
+    status = replace(status, phase=Phase.PENDING, start_time=None if create.suspended else now)
+    status = status.with_condition(ConditionType.CREATED, True, Reason.CREATED, message, now)
+    status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
+    if create.placement is not None:
+        status = status.with_condition(ConditionType.GANG_SCHEDULING, *create.placement, now)
+    return status, (Event(Reason.CREATED, message),)
+
+
+def _restart(status: JobStatus, restart: Restart, now: datetime) -> Applied:
+    """Restarting, as the next attempt: counted unless a disruption; the node it names excluded."""
+    reason, limit, counted = restart.reason, restart.backoff_limit, restart.counted
+    restarts = status.restarts + 1 if counted else status.restarts
+    status = replace(status, phase=Phase.RESTARTING, attempt=status.attempt + 1, restarts=restarts,
+                     machine_fault=restart.machine_fault)  # fmt: skip
+    if restart.exclude is not None:
+        status = _excluding(status, restart.exclude)
+    count = f"restart {restarts} of {limit}" if counted else f"not counted: restarts stay {restarts} of {limit}"
+    message = f"{restart.cause}; restarting the gang as attempt {status.attempt} ({count})"
+    status = status.with_condition(ConditionType.RESTARTING, True, reason, message, now)
+    return _not_running(status, reason, message, now), (Event(reason, message, warning=True),)
+
+
+def _node_lost_under(status: JobStatus, lost: NodeLostUnder, now: datetime) -> Applied:
+    """The node excluded; the restart under way, if any, said as caused by it."""
+    status = _excluding(status, lost.exclude)
+    restarting = status.condition(ConditionType.RESTARTING)
+    if restarting is not None and restarting.status:
+        status = status.with_condition(ConditionType.RESTARTING, True, Reason.NODE_LOST, lost.message, now)
+    return status, (Event(Reason.NODE_LOST, lost.message, warning=True),)
+
+
+def _excluding(status: JobStatus, exclude: ExcludedNode) -> JobStatus:
+    """``exclude`` among the nodes the next attempts avoid, in place of what was said of that node before."""
+    kept = tuple(e for e in status.excluded_nodes if e.name != exclude.name)
+    return replace(status, excluded_nodes=(*kept, exclude))
+
+
+def _restarted_in_place(status: JobStatus, restarted: RestartedInPlace) -> Applied:
+    """The in-place restarts counted; the attempt and its pods kept, its progress back at the checkpoint's."""
+    seen, limit = restarted.seen, restarted.backoff_limit
+    restarts = status.restarts + restarted.count
+    # The step went back to the checkpoint's: the progress deadline counts from the restart.
+    progress = replace(status.progress or ProgressStatus(attempt=status.attempt), restarts_in_place=seen,
+                       step=None, last_progress_time=restarted.at)  # fmt: skip
+    status = replace(status, restarts=restarts, progress=progress)
+    message = (f"{restarted.why or 'a rank failed'}; the ranks' supervisors restarted the gang's processes in place "
+               f"(restart {restarts} of {limit}; attempt {status.attempt} and its pods kept)")  # fmt: skip
+    return status, (Event(Reason.RETRYABLE, message, warning=True, key=f"{status.attempt}.{seen}"),)
+
+
+def _rebuild(status: JobStatus) -> Applied:
+    """Pending, as the next attempt, not counted as a restart."""
+    status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1)
+    message = f"the pods were built from an older spec; starting attempt {status.attempt}"
+    return status, (Event(Reason.SPEC_CHANGED, message),)
+
+
+def _suspend(status: JobStatus, now: datetime) -> Applied:
+    """Suspended, its clock stopped."""
+    message = f"attempt {status.attempt} stopped: pods deleted; clear spec.runPolicy.suspend to resume"
+    status = replace(status, phase=Phase.SUSPENDED, start_time=None)
+    status = status.with_condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message, now)
+    return _not_running(status, Reason.SUSPENDED, message, now), (Event(Reason.SUSPENDED, message),)
+
+
+def _resume(status: JobStatus, now: datetime) -> Applied:
+    """Pending, as the next attempt, its clock started afresh."""
+    status = replace(status, phase=Phase.PENDING, attempt=status.attempt + 1, start_time=now)
+    message = f"resumed as attempt {status.attempt}"
+    status = status.with_condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message, now)
+    return status, (Event(Reason.RESUMED, message),)
+
+
+def _queue(status: JobStatus, queue: Queue, now: datetime) -> Applied:
+    """Queued, its clock stopped; a warning when Kueue or the Workload is missing."""
+    reason, message = queue.reason, queue.message
+    status = replace(status, phase=Phase.QUEUED, start_time=None)
+    status = status.with_condition(ConditionType.QUEUED, True, reason, message, now)
+    warning = reason in (Reason.KUEUE_NOT_INSTALLED, Reason.WORKLOAD_MISSING)
+    return _not_running(status, reason, message, now), (Event(reason, message, warning=warning),)
+
+
+def _evict(status: JobStatus, evict: Evict, now: datetime) -> Applied:
+    """Queued again, its clock stopped; not counted as a restart."""
+    message = evict.message
+    told = f"{message}; stopping the ranks (not counted: restarts stay {status.restarts} of {evict.backoff_limit})"
+    status = replace(status, phase=Phase.QUEUED, start_time=None)
+    status = status.with_condition(ConditionType.QUEUED, True, Reason.EVICTED, message, now)
+    return _not_running(status, Reason.EVICTED, message, now), (Event(Reason.EVICTED, told, warning=True),)
+
+
+def _admit(status: JobStatus, admit: Admit, now: datetime) -> Applied:
+    """Pending, its clock started: a new attempt if the last one made pods; the ranks admitted kept if fewer."""
+    count, replicas = admit.count, admit.replicas
+    # A new attempt only if the last one made pods: the first admission runs attempt 0
+    attempt = status.attempt + 1 if status.launched_attempt >= status.attempt else status.attempt
+    partial = count < replicas
+    status = replace(status, phase=Phase.PENDING, attempt=attempt, start_time=now,
+                     admitted_replicas=count if partial else 0)  # fmt: skip
+    message = f"admitted by Kueue in ClusterQueue {admit.cluster_queue}" + (
+        f": running {count} of {replicas} ranks (partial quota; spec.minReplicas allows it)" if partial else ""
+    )
+    status = status.with_condition(ConditionType.QUEUED, False, Reason.ADMITTED, message, now)
+    return status, (Event(Reason.ADMITTED, f"{message}; starting attempt {attempt}"),)
+
+
+def _launch(status: JobStatus, launch: Launch) -> Applied:
+    """Every pod of the attempt made: Pending again after a restart; said, but for attempt 0."""
+    phase = Phase.PENDING if status.phase is Phase.RESTARTING else status.phase
+    status = replace(status, launched_attempt=status.attempt, phase=phase)
+    if status.attempt == 0:  # its pods follow the Created (or Admitted) Event at once: no Event of its own
+        return status, ()
+    return status, (Event(Reason.LAUNCHED, f"all {launch.replicas} pods of attempt {status.attempt} exist"),)
+
+
+def _run(status: JobStatus, run: Run, now: datetime) -> Applied:
+    """Running; a restart under way said to be over."""
+    message = f"all {run.replicas} ranks are running (attempt {status.attempt})"
+    if status.admitted_replicas:
+        message = (f"running {run.replicas} of {run.requested} ranks: admitted by Kueue with partial quota "
+                   f"(attempt {status.attempt})")  # fmt: skip
+    status = replace(status, phase=Phase.RUNNING)
+    status = status.with_condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message, now)
+    restarting = status.condition(ConditionType.RESTARTING)
+    if restarting and restarting.status:
+        status = status.with_condition(ConditionType.RESTARTING, False, Reason.RECOVERED, message, now)
+    return status, (Event(Reason.ALL_RUNNING, message),)
+
+
+def _wait(status: JobStatus, wait: Wait, now: datetime) -> Applied:
+    """No rank started: why one cannot, said once per distinct cause; else Pending, and said so when new."""
+    if wait.blocked:
+        status = _not_running(status, wait.reason, wait.blocked, now)
+        key = hashlib.sha256(wait.blocked.encode()).hexdigest()[:10]  # one Event per distinct cause
+        return status, (Event(wait.reason, wait.blocked, warning=True, key=key),)
+    status = replace(status, phase=Phase.PENDING)
+    if wait.unblocked or status.condition(ConditionType.RUNNING) is None:
+        status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)
+    return status, ()
 
 
 def _not_running(status: JobStatus, reason: str, message: str, now: datetime) -> JobStatus:
