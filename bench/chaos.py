@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import random
@@ -242,6 +243,9 @@ class Stack:
         self._calm = threading.Lock()
         self.whole_since = time.monotonic()
         """When the last box fault ended: the control plane has been whole since then."""
+        self.nodes_whole_since = 0.0
+        """When the last cut node came back (``math.inf`` while one is cut): a pod deleted on a cut node goes only
+        once its kubelet is back to confirm it, as on any cluster."""
         self._closing = threading.Event()
         self._keeper = threading.Thread(target=self._keep, daemon=True, name="chaos-operator-keeper")
         self._keeper.start()
@@ -429,8 +433,10 @@ class Stack:
                 name = (other.metadata.labels or {}).get("ddpjob.dev/job-name")
                 if name and name != job.name and not other.metadata.deletion_timestamp:
                     self.node_hits[name] += 1
+            self.nodes_whole_since = math.inf
             node.power_cut() if fault == "power-cut" else node.cut_network()
         except BaseException:
+            self.nodes_whole_since = time.monotonic()
             self._node_down.release()
             raise
         self._back = threading.Thread(target=self._bring_back, args=(node, fault, job, attempt, back_after),
@@ -444,6 +450,7 @@ class Stack:
             self._closing.wait(back_after)
             node.power_on() if fault == "power-cut" else node.heal_network()
             log(f"{node.name} back after its {fault}")
+            self.nodes_whole_since = time.monotonic()
         except Exception as err:  # the run that waits on the job says what went wrong; this says why the node did not
             log(f"{node.name} was not brought back after its {fault}: {type(err).__name__}: {err}")
         finally:
@@ -567,12 +574,17 @@ def wait_while_whole(stack: Stack, what: str, probe: Callable[[], Any], timeout:
     """As wait, with ``timeout`` counted from RELIST_BACKOFF_SECONDS after the end of the last box fault when
     that came later: the garbage collector and the controller-manager's other controllers stop while the
     apiserver or etcd restarts, and after it they relist when their backoff lets them, so that time is not
-    the job's. At most GONE_CAP_SECONDS in all."""
+    the job's. At most GONE_CAP_SECONDS in all. While a node is cut, the wait goes on (a pod deleted there goes
+    once its kubelet is back: chaos 1:6, 1:9 and 1:10 of 2026-11-29, whose finished pods sat on another run's
+    network-cut node), and ``timeout`` and the cap count from when it came back."""
     started = time.monotonic()
 
     def deadline() -> float:
+        if stack.nodes_whole_since == math.inf:
+            return time.monotonic() + timeout
         relisted = stack.whole_since + RELIST_BACKOFF_SECONDS
-        return min(max(started, relisted) + timeout, started + GONE_CAP_SECONDS)
+        since = max(started, relisted, stack.nodes_whole_since)
+        return min(since + timeout, max(started, stack.nodes_whole_since) + GONE_CAP_SECONDS)
 
     return wait_until(what, probe, deadline)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_th
     """Soak 7, run 1:0: the apiserver restarted twice while the deleted job's children were waited for;
     the garbage collector's time down is not the job's."""
     monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.0)
-    stack: Any = SimpleNamespace(whole_since=time.monotonic() - 10)
+    stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic() - 10)
     started, calls = time.monotonic(), []
 
     def gone() -> bool:
@@ -145,7 +146,7 @@ def test_children_get_the_informers_relist_backoff_after_a_box_fault(monkeypatch
     """Soak 10, run 1:93: after three apiserver restarts in 42 s the garbage collector deleted the children
     about 60 s after the apiserver was back; client-go's informers may wait that long before they list."""
     monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.8)
-    stack: Any = SimpleNamespace(whole_since=time.monotonic())  # a fault that has just ended
+    stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic())  # a fault that has just ended
     started = time.monotonic()
     assert wait_while_whole(stack, "the children to go", lambda: time.monotonic() - started > 1.0, 0.5)
 
@@ -157,7 +158,7 @@ def test_children_get_the_informers_relist_backoff_after_a_box_fault(monkeypatch
 
 def test_children_that_never_go_fail_the_run_even_while_faults_keep_coming(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chaos, "GONE_CAP_SECONDS", 1.0)
-    stack: Any = SimpleNamespace(whole_since=time.monotonic())
+    stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic())
 
     def never() -> bool:
         stack.whole_since = time.monotonic()  # another run's fault, again and again
@@ -271,3 +272,19 @@ def test_a_node_cut_costs_its_run_one_restart_and_another_runs_cut_under_it_may_
     [too_many] = ended(3, ["kill-rank"], hits=1)
     assert "restarts 3, expected 1-2" in too_many and "1 other runs' node cuts under it" in too_many
     assert ended(0, ["restart-etcd"], hits=1, limit=0, outcome="Failed") == [], "no restart to spare for the hit"
+
+
+def test_children_on_a_cut_node_get_their_time_from_when_it_is_back() -> None:
+    """A pod deleted on a cut node goes once its kubelet is back (chaos 1:6, 1:9, 1:10 of 2026-11-29)."""
+    stack: Any = SimpleNamespace(nodes_whole_since=math.inf, whole_since=time.monotonic() - 100)
+    back = time.monotonic() + 1.0
+
+    def gone() -> bool:
+        if stack.nodes_whole_since == math.inf and time.monotonic() > back:
+            stack.nodes_whole_since = time.monotonic()  # the node back 1 s into a 0.3 s wait
+        return stack.nodes_whole_since != math.inf and time.monotonic() > stack.nodes_whole_since + 0.1
+
+    assert wait_while_whole(stack, "the children to go", gone, 0.3)
+    stack.nodes_whole_since = time.monotonic() - 100  # back long ago: 0.3 s is all
+    with pytest.raises(TimeoutError):
+        wait_while_whole(stack, "the children to go", lambda: False, 0.3)
