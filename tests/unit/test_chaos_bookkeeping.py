@@ -288,3 +288,18 @@ def test_children_on_a_cut_node_get_their_time_from_when_it_is_back() -> None:
     stack.nodes_whole_since = time.monotonic() - 100  # back long ago: 0.3 s is all
     with pytest.raises(TimeoutError):
         wait_while_whole(stack, "the children to go", lambda: False, 0.3)
+
+
+def test_a_node_lost_that_no_run_cut_may_cost_one_restart_more_and_no_other() -> None:
+    """Chaos 1:22 and 1:24 of 2026-11-29: a node went Unknown with no cut (a kubelet restart past the 10 s grace
+    period), and the job restarted once more for it, NodeLost."""
+    lost = "NodeLost: node box-node-2 is lost (Unknown): rank 1 ran there; restarting the gang as attempt 2 (restart 2)"
+    hung = "NoProgress: no rank advanced its step for 20s; restarting the gang as attempt 1 (restart 1 of 5)"
+
+    def run(restarts: int, events: list[str]) -> Run:
+        return Run(1, 22, ["hang-rank"], outcome="Succeeded", restarts=restarts, step=STEPS, events=events)
+
+    assert outcome_as_promised(run(2, [hung, lost])) == []
+    assert outcome_as_promised(run(1, [hung, lost])) == []
+    assert outcome_as_promised(run(2, [hung])) != [], "without a lost node, the second restart is one too many"
+    assert outcome_as_promised(run(3, [hung, lost])) != []
