@@ -18,7 +18,6 @@ pass fakes, and both run the same code.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -38,6 +37,7 @@ from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.policies import in_place
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.queueing import NOT_QUEUED, Placement, Queueing, workload_name
+from ddpjob_operator.remembered import Bodies, Remembered, resource_version
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
 from ddpjob_operator.times import to_time
 
@@ -121,49 +121,6 @@ class Progress(Protocol):
     def track(self, key: Key, attempt: int, targets: tuple[Target, ...], interval: float) -> None: ...
 
 
-class Bodies:
-    """The newest body of each job seen (watch events, our own status writes): saves a GET per reconcile.
-
-    It may lag, never lead: watch events arrive in order, each wakes the job's worker, and our own
-    write is kept only if no event came in since the body it was based on. A lagging body is
-    harmless: the status write carries its resourceVersion and fails, and a plan that would act
-    without writing the status reads the job again first.
-    """
-
-    def __init__(self) -> None:
-        self._bodies: dict[Key, dict[str, Any]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Key) -> dict[str, Any] | None:
-        return self._bodies.get(key)
-
-    def put(self, key: Key, body: dict[str, Any]) -> bool:
-        """From the watch: the newest by definition. False when it is the echo of the body we hold
-        (our own status write coming back): the reconcile that wrote it has already acted on it."""
-        version = _version(body)
-        with self._lock:
-            held = self._bodies.get(key)
-            self._bodies[key] = body
-        return version is None or held is None or _version(held) != version
-
-    def wrote(self, key: Key, seen: dict[str, Any] | None, written: dict[str, Any]) -> None:
-        """Our write of ``seen`` (None: read with a GET) answered ``written``."""
-        with self._lock:
-            if self._bodies.get(key) is seen:
-                self._bodies[key] = written
-
-    def read(self, key: Key, body: dict[str, Any]) -> None:
-        """A body just read with a GET: kept unless the watch delivered one meanwhile."""
-        self.wrote(key, None, body)
-
-    def drop(self, key: Key) -> None:
-        with self._lock:
-            self._bodies.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._bodies)
-
-
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if k in OWNED_STATUS and v is not None}
 
@@ -202,7 +159,7 @@ class Controller:
         pod_groups: bool,
     ) -> None:
         self.pod_groups = pod_groups
-        self.bodies = Bodies()
+        self.remembered = Remembered()
         self._api = api
         self._pods = pods
         self._nodes = nodes
@@ -210,20 +167,10 @@ class Controller:
         self._clock = clock
         self._creates = creates
         self._events = events
-        self._refused: dict[Key, str] = {}
-        """Jobs whose pod the apiserver refused as invalid, and why: the next plan fails the job."""
-        self._failed_creates: dict[Key, str] = {}
-        """Jobs whose last pod creation failed for another reason (a webhook down, a quota), and why: said in
-        the next status, and retried."""
-        self._workloads: dict[Key, str] = {}
-        """Queued jobs' Workloads by name: a job deleted unfinished has its Workload's finalizer dropped."""
-        self._workload_failures: dict[Key, str] = {}
-        """Jobs whose last try to create their Workload failed, and why: said in the next status, and retried."""
-        self._launching: set[Key] = set()
-        """New jobs whose first pods went out before their first status write (``_launches_unwritten``)."""
-        self._terminating: dict[str, datetime] = {}
-        """Namespaces being deleted, and since when: their jobs made before that are left alone.
-        A job made later is in a namespace of the same name made anew, which clears the entry."""
+
+    @property
+    def bodies(self) -> Bodies:
+        return self.remembered.bodies
 
     def reconcile(self, key: Key) -> float | None:
         """Reconcile once; returns seconds until the job needs another look (None: only on events)."""
@@ -238,10 +185,12 @@ class Controller:
         body = cached if cached is not None else self._api.get_job(*key)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.forget(key)
-            workload = self._workloads.get(key)
+            workload = self.remembered.workloads.get(key)
             if workload is not None:  # Kueue holds the quota until its finalizer goes (the collector then deletes it)
                 self._api.release_workload(key[0], workload)
-                self._workloads.pop(key, None)  # only once released: a failed release is retried with the reconcile
+                self.remembered.workloads.pop(
+                    key, None
+                )  # only once released: a failed release is retried with the reconcile
             return None  # gone or going: owner references let the garbage collector take the children
         if self._in_terminating_namespace(key, body):
             return None
@@ -252,11 +201,11 @@ class Controller:
         if self._launches_unwritten(key, old, the_plan):
             if cached is not None and not self._still_current(key, cached):
                 return 0.0  # changed (or gone) since the watch delivered it: plan again from what was read
-            self._launching.add(key)
+            self.remembered.launching.add(key)
             if cached is None:
                 self.bodies.read(key, body)
             return None if job is None else self._execute(key, body, job, the_plan, now)
-        self._launching.discard(key)
+        self.remembered.launching.discard(key)
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
@@ -269,7 +218,7 @@ class Controller:
             return 0.0
         if written is not body:
             self.bodies.wrote(key, cached, written)
-        self._refused.pop(key, None)  # the status now says so
+        self.remembered.refused.pop(key, None)  # the status now says so
         if the_plan.events:
             self._events.submit(_post_events, self._api, body, the_plan.status.attempt, the_plan.events, now)
         self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
@@ -278,7 +227,7 @@ class Controller:
     def reports_only(self, key: Key) -> bool:
         """Whether the job's next reconcile is to write the first status of the pods its last one made
         (``_launches_unwritten``): a report, which may wait while other jobs' pods are to be made."""
-        return key in self._launching
+        return key in self.remembered.launching
 
     def _still_current(self, key: Key, cached: dict[str, Any]) -> bool:
         """Whether the job is still as the watch delivered it (a GET answers its resourceVersion), as a status write
@@ -288,7 +237,7 @@ class Controller:
         if fresh is None:
             self.bodies.drop(key)
             return False
-        if _version(fresh) == _version(cached):
+        if resource_version(fresh) == resource_version(cached):
             return True
         self.bodies.wrote(key, cached, fresh)
         return False
@@ -298,17 +247,19 @@ class Controller:
         that write, in the reconcile their creation starts at once, says both that the job is Pending and that its
         attempt launched. One status write per new job, not two, and no Event before it (the next plan makes the
         same Created Event). Only once: a retry, or a create that failed, writes first, so the status says why."""
-        tried = key in self._launching or key in self._failed_creates or key in self._refused
+        tried = (
+            key in self.remembered.launching or key in self.remembered.failed_creates or key in self.remembered.refused
+        )
         first = old.phase is Phase.NEW and the_plan.status.phase is Phase.PENDING
         return first and bool(the_plan.create_ranks) and not tried
 
     def _in_terminating_namespace(self, key: Key, body: Mapping[str, Any]) -> bool:
-        since = self._terminating.get(key[0])
+        since = self.remembered.terminating.get(key[0])
         if since is None:
             return False
         created = to_time(body["metadata"].get("creationTimestamp"))
         if created is not None and created > since:
-            del self._terminating[key[0]]  # made after that deletion began: the namespace was made anew
+            del self.remembered.terminating[key[0]]  # made after that deletion began: the namespace was made anew
             return False
         self._leave(key)
         return True
@@ -333,7 +284,7 @@ class Controller:
                 if since is None:
                     return False
         if since is not None:
-            self._terminating[key[0]] = since
+            self.remembered.terminating[key[0]] = since
         log.info("%s/%s: its namespace is being deleted; leaving the job to it", *key)
         self._leave(key)
         return True
@@ -341,16 +292,12 @@ class Controller:
     def _leave(self, key: Key) -> None:
         """Stop working on a job of a namespace being deleted. Its body is kept: the pods' deletions
         wake it again, and with the body at hand each such reconcile asks the apiserver nothing."""
-        self._refused.pop(key, None)
+        self.remembered.refused.pop(key, None)
         self._progress.track(key, 0, (), 0.0)
 
     def forget(self, key: Key) -> None:
         """The job is gone: drop what we held of it and stop polling it."""
-        self.bodies.drop(key)
-        self._refused.pop(key, None)
-        self._failed_creates.pop(key, None)
-        self._workload_failures.pop(key, None)
-        self._launching.discard(key)
+        self.remembered.forget(key)
         self._progress.track(key, 0, (), 0.0)
         self._pods.forget(key)
 
@@ -360,14 +307,15 @@ class Controller:
         except SpecError as err:
             return None, plan_invalid(old, str(err), int(body["metadata"].get("generation") or 0), now)
         scrapes = self._progress.scrapes(key)
-        refused = self._refused.get(key, "")
+        refused = self.remembered.refused.get(key, "")
+        failed_create = self.remembered.failed_creates.get(key, "")
         queued = self._queueing(key, job)
         stopped = [pod_view(p, job.spec.trainer_container) for p in self._pods.stopped(key)]
         health = self._nodes.health()
 
         def plan_from(raw_pods: list[dict[str, Any]]) -> Plan:
             views = [pod_view(p, job.spec.trainer_container) for p in raw_pods]
-            return plan(job, old, views, now, scrapes, refused=refused, failed_create=self._failed_creates.get(key, ""),
+            return plan(job, old, views, now, scrapes, refused=refused, failed_create=failed_create,
                         pod_groups=self.pod_groups, queued=queued, stopped=stopped, nodes=health)  # fmt: skip
 
         watched = self._pods.pods(key)
@@ -381,7 +329,7 @@ class Controller:
         if not job.queue:
             return NOT_QUEUED
         name = workload_name(job.name, job.uid)
-        self._workloads[key] = name
+        self.remembered.workloads[key] = name
         try:
             workload = self._api.get_workload(job.namespace, name)
         except NotServed:
@@ -400,7 +348,7 @@ class Controller:
             flavors,
             name=name,
             priority_missing=missing,
-            create_failed=self._workload_failures.get(key, "") if workload is None else "",
+            create_failed=self.remembered.workload_failures.get(key, "") if workload is None else "",
         )
 
     def _priority(self, job: Job) -> builders.Priority | None:
@@ -439,15 +387,15 @@ class Controller:
             return None
         except KubeError as err:
             if err.status not in (400, 422):  # quota, an admission policy: reported, retried with backoff
-                self._failed_creates[key] = str(err)
+                self.remembered.failed_creates[key] = str(err)
                 event = Event(Reason.POD_CREATE_FAILED, str(err), warning=True)
                 self._events.submit(_post_events, self._api, body, the_plan.status.attempt, (event,), now)
                 raise
             # Invalid: retrying cannot help. The next plan fails the job, in its one status write.
-            self._refused[key] = f"the apiserver refused a pod built from spec.template: {err}"
+            self.remembered.refused[key] = f"the apiserver refused a pod built from spec.template: {err}"
             return 0.0
         if the_plan.create_ranks:
-            self._failed_creates.pop(key, None)  # they exist now: the next status says so
+            self.remembered.failed_creates.pop(key, None)  # they exist now: the next status says so
         self._tell_kueue(job, the_plan)
         if the_plan.delete_job:
             self._api.delete_job(job.namespace, job.name, job.uid)
@@ -488,9 +436,9 @@ class Controller:
         except NamespaceTerminating:
             raise
         except KubeError as err:
-            self._workload_failures[key] = str(err)
+            self.remembered.workload_failures[key] = str(err)
             raise
-        self._workload_failures.pop(key, None)
+        self.remembered.workload_failures.pop(key, None)
         if not created:  # a GET has just answered that it does not exist: the next look says which was right
             log.warning("%s/%s: creating its Workload %s answered that it exists, which a GET had just denied; "
                         "looking again", *key, workload_name(job.name, job.uid))  # fmt: skip
@@ -563,10 +511,6 @@ def _all(pool: Executor, calls: Sequence[Callable[[], None]]) -> None:
         future.exception()
     for future in futures:
         future.result()
-
-
-def _version(body: Mapping[str, Any]) -> str | None:
-    return (body.get("metadata") or {}).get("resourceVersion")
 
 
 def _measured_stop(status: JobStatus) -> tuple[float | None, float | None]:

@@ -14,11 +14,12 @@ import pytest
 
 from ddpjob_operator import builders
 from ddpjob_operator.api import Key, parse_job
-from ddpjob_operator.controller import Bodies, Controller
+from ddpjob_operator.controller import Controller
 from ddpjob_operator.kube import KubeError, NamespaceTerminating
 from ddpjob_operator.node_health import ALL_HEALTHY, NodeHealth
 from ddpjob_operator.podcache import PodIndex
 from ddpjob_operator.progress import Scrape, Target
+from ddpjob_operator.remembered import Bodies
 
 from . import factories
 
