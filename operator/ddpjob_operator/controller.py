@@ -184,14 +184,8 @@ class Controller:
         cached = self.bodies.get(key)
         body = cached if cached is not None else self._api.get_job(*key)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
-            self.forget(key)
-            workload = self.remembered.workloads.get(key)
-            if workload is not None:  # Kueue holds the quota until its finalizer goes (the collector then deletes it)
-                self._api.release_workload(key[0], workload)
-                self.remembered.workloads.pop(
-                    key, None
-                )  # only once released: a failed release is retried with the reconcile
-            return None  # gone or going: owner references let the garbage collector take the children
+            self._gone(key)
+            return None
         if self._in_terminating_namespace(key, body):
             return None
         old = parse_status(body.get("status"))
@@ -199,30 +193,59 @@ class Controller:
         if _ends_something(old, the_plan) and self._namespace_deleted(key, now, refused=False):
             return None  # its pods went with the namespace: not a failure, and nothing is to be made there
         if self._launches_unwritten(key, old, the_plan):
-            if cached is not None and not self._still_current(key, cached):
-                return 0.0  # changed (or gone) since the watch delivered it: plan again from what was read
-            self.remembered.launching.add(key)
-            if cached is None:
-                self.bodies.read(key, body)
-            return None if job is None else self._execute(key, body, job, the_plan, now)
+            return self._launch_before_status(key, cached, body, job, the_plan, now)
         self.remembered.launching.discard(key)
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
-            if err.status == 404 and not isinstance(err, NotServed):
-                self.bodies.drop(key)
-                return None  # deleted since we read it
-            raise  # NotServed: the apiserver does not serve DDPJobs just now, which says nothing of this job
+            self._write_failed(key, err)
+            return None
         if written is None or (written is cached and _acts(the_plan)):
             self.bodies.drop(key)  # stale, or not known to be current: act only on a body just read or written
             return 0.0
+        self._written(key, cached, body, written, the_plan, now)
+        return None if job is None else self._execute(key, body, job, the_plan, now)
+
+    def _gone(self, key: Key) -> None:
+        """The job is gone or going: owner references let the garbage collector take its children. Kueue holds the
+        quota until its Workload's finalizer goes (the collector then deletes it): released here, and forgotten
+        only once released, so a failed release is retried with the next reconcile."""
+        self.forget(key)
+        workload = self.remembered.workloads.get(key)
+        if workload is not None:
+            self._api.release_workload(key[0], workload)
+            self.remembered.workloads.pop(key, None)
+
+    def _launch_before_status(
+        self, key: Key, cached: dict[str, Any] | None, body: dict[str, Any], job: Job | None, the_plan: Plan,
+        now: datetime,
+    ) -> float | None:  # fmt: skip
+        """A new job's first pods, before its first status write (``_launches_unwritten``)."""
+        if cached is not None and not self._still_current(key, cached):
+            return 0.0  # changed (or gone) since the watch delivered it: plan again from what was read
+        self.remembered.launching.add(key)
+        if cached is None:
+            self.bodies.read(key, body)
+        return None if job is None else self._execute(key, body, job, the_plan, now)
+
+    def _write_failed(self, key: Key, err: KubeError) -> None:
+        """A status write failed: a job deleted since it was read is dropped; anything else is raised again."""
+        if err.status == 404 and not isinstance(err, NotServed):
+            self.bodies.drop(key)  # deleted since we read it
+            return
+        raise err  # NotServed: the apiserver does not serve DDPJobs just now, which says nothing of this job
+
+    def _written(
+        self, key: Key, cached: dict[str, Any] | None, body: dict[str, Any], written: dict[str, Any], the_plan: Plan,
+        now: datetime,
+    ) -> None:  # fmt: skip
+        """The status is written: keep the body it answered, post the plan's Events, poll as it says."""
         if written is not body:
             self.bodies.wrote(key, cached, written)
         self.remembered.refused.pop(key, None)  # the status now says so
         if the_plan.events:
             self._events.submit(_post_events, self._api, body, the_plan.status.attempt, the_plan.events, now)
         self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
-        return None if job is None else self._execute(key, body, job, the_plan, now)
 
     def reports_only(self, key: Key) -> bool:
         """Whether the job's next reconcile is to write the first status of the pods its last one made
