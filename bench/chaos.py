@@ -931,7 +931,7 @@ def outcome_as_promised(result: Run) -> list[str]:
     costly = (*RESTARTING, *NODE_FAULTS)
     expected = sum(f in costly for f in result.faults if f not in result.skipped) + never_started(result.events)
     cut = sum(f in NODE_FAULTS for f in result.faults if f not in result.skipped)
-    uncut = max(0, lost_restarts(result.events) - cut - result.node_hits)
+    uncut = max(0, nodes_lost(result.events) - cut - result.node_hits)
     most = expected + result.node_hits + uncut  # another run's node cut may have hit this job too
     limit = result.backoff_limit
     hit = f", {result.node_hits} other runs' node cuts under it" if result.node_hits else ""
@@ -953,12 +953,17 @@ def outcome_as_promised(result: Run) -> list[str]:
     return violations
 
 
-def lost_restarts(events: Sequence[str]) -> int:
-    """The gang restarts the operator put down to a lost node (its NodeLost Events that restart the gang). A node
-    no run cut is lost too when a kubelet restart or a control-plane fault keeps its status unwritten past the
-    controller-manager's grace period (NODE_GRACE: 10 s): chaos 1:22 and 1:24 of 2026-11-29, under a hung rank,
-    each restarted once more for a node that went Unknown with no cut."""
-    return sum(e.startswith(f"{Reason.NODE_LOST}:") and "restarting the gang as attempt" in e for e in events)
+_LOST = re.compile(rf"{Reason.NODE_LOST}: node (\S+) is lost \(.*?since (\S+?)\)")
+
+
+def nodes_lost(events: Sequence[str]) -> int:
+    """How many times the operator found a node of the job lost (its NodeLost Events, one per node and time it went
+    lost), each worth one restart at most, whether it restarted the gang itself or found the restart its peers'
+    failure had begun already ("already counted"). A node no run cut is lost too when a kubelet restart or a
+    control-plane fault keeps its status unwritten past the controller-manager's grace period (NODE_GRACE: 10 s):
+    chaos 1:22 and 1:24 of 2026-11-29, under a hung rank, each restarted once more for a node that went Unknown
+    with no cut."""
+    return len({found.groups() for e in events if (found := _LOST.match(e))})
 
 
 def ended_as_promised(stack: Stack, job: JobRef, result: Run, deleted: str) -> list[str]:

@@ -293,13 +293,21 @@ def test_children_on_a_cut_node_get_their_time_from_when_it_is_back() -> None:
 def test_a_node_lost_that_no_run_cut_may_cost_one_restart_more_and_no_other() -> None:
     """Chaos 1:22 and 1:24 of 2026-11-29: a node went Unknown with no cut (a kubelet restart past the 10 s grace
     period), and the job restarted once more for it, NodeLost."""
-    lost = "NodeLost: node box-node-2 is lost (Unknown): rank 1 ran there; restarting the gang as attempt 2 (restart 2)"
+    lost = "NodeLost: node box-node-2 is lost (Unknown since 2026-11-29T03:52:46Z): restarting the gang as attempt 2"
     hung = "NoProgress: no rank advanced its step for 20s; restarting the gang as attempt 1 (restart 1 of 5)"
 
-    def run(restarts: int, events: list[str]) -> Run:
-        return Run(1, 22, ["hang-rank"], outcome="Succeeded", restarts=restarts, step=STEPS, events=events)
+    def run(restarts: int, events: list[str], node_hits: int = 0) -> Run:
+        return Run(1, 22, ["hang-rank"], outcome="Succeeded", restarts=restarts, step=STEPS, events=events,
+                   node_hits=node_hits)  # fmt: skip
 
     assert outcome_as_promised(run(2, [hung, lost])) == []
     assert outcome_as_promised(run(1, [hung, lost])) == []
     assert outcome_as_promised(run(2, [hung])) != [], "without a lost node, the second restart is one too many"
     assert outcome_as_promised(run(3, [hung, lost])) != []
+    assert outcome_as_promised(run(2, [hung, lost, lost])) == [], "one node lost once is one restart, said twice"
+    # Chaos 1:5 of the second 40-run soak: one other run's cut counted (node_hits), and two nodes lost, the second
+    # found after its peers' failure had restarted the gang already ("already counted").
+    first = "NodeLost: node box-node is lost (Unknown since 2026-11-29T04:36:23Z): restarting the gang as attempt 1"
+    second = "NodeLost: node box-node-2 is lost (Unknown since 2026-11-29T04:37:14Z): the restart came from it"
+    assert outcome_as_promised(run(3, [hung, first, second], node_hits=1)) == []
+    assert outcome_as_promised(run(4, [hung, first, second], node_hits=1)) != []
