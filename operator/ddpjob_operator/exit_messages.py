@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 from ddpjob_contract import exits
 from ddpjob_operator.progress import Checkpoint, ProgressStatus, RankProgress
 from ddpjob_operator.status import PodView
-from ddpjob_operator.times import to_time
+from ddpjob_operator.times import from_unix, to_time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +58,7 @@ def _checkpoint(raw: Mapping[str, object]) -> Checkpoint | None:
     saved_at = _number(raw.get(exits.SUMMARY_CHECKPOINT_TIME))
     return Checkpoint(
         step=int(step),
-        time=datetime.fromtimestamp(saved_at, UTC).replace(microsecond=0) if saved_at else None,
+        time=from_unix(saved_at),
         save_seconds=_number(raw.get(exits.SUMMARY_CHECKPOINT_SAVE_SECONDS)),
     )
 

@@ -17,12 +17,12 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ddpjob_contract import metrics as names
 from ddpjob_operator import eta
-from ddpjob_operator.times import from_time, to_time
+from ddpjob_operator.times import from_time, from_unix, to_time
 
 WINDOW_SECONDS = 60.0
 """The status figures (samples/s, step time p50, per-rank times) cover at most the last minute."""
@@ -394,7 +394,7 @@ def newest_checkpoint(samples: Iterable[RankSample], known: Checkpoint | None) -
         step = int(s.checkpoint_step)
         if step <= 0 or (best is not None and step < best.step):
             continue
-        when = datetime.fromtimestamp(s.checkpoint_time, UTC).replace(microsecond=0) if s.checkpoint_time else None
+        when = from_unix(s.checkpoint_time)
         save = round(s.save_seconds, 3) if s.save_seconds > 0 else None
         same = best is not None and best.step == step
         best = Checkpoint(

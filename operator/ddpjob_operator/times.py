@@ -18,6 +18,12 @@ def to_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def from_unix(seconds: float | None) -> datetime | None:
+    """A Unix time the ranks report (a checkpoint's save), to whole seconds as the API writes it; None for 0 or none
+    (not known)."""
+    return datetime.fromtimestamp(seconds, UTC).replace(microsecond=0) if seconds else None
+
+
 def seconds_left(since: datetime | None, limit_seconds: int | None, now: datetime) -> float | None:
     """What is left of ``limit_seconds`` counted from ``since``: None without a limit or a start; <= 0 once up."""
     if limit_seconds is None or since is None:
