@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddpjob_operator import cli
+from tests.unit.test_import_graph import imported
 
 
 @pytest.fixture
@@ -86,21 +85,10 @@ def test_the_operator_command_runs_with_neither_the_box_nor_the_trainer_installe
 OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "ddpjob_operator"
 
 
-def _imports(tree: ast.AST, top_level_only: bool) -> Iterator[str]:
-    nodes = ast.iter_child_nodes(tree) if top_level_only else ast.walk(tree)
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module
-        elif top_level_only and isinstance(node, ast.If | ast.Try):  # module-level conditional imports
-            yield from _imports(node, top_level_only=False)
-
-
 @pytest.mark.parametrize("path", sorted(OPERATOR.rglob("*.py")), ids=lambda p: str(p.relative_to(OPERATOR)))
 def test_no_operator_module_imports_the_trainer_or_the_box(path: Path) -> None:
     """The shared names come from ddpjob_contract; `ddpjob cluster` (ddpjob_cli) loads the box, not the operator."""
-    anywhere = set(_imports(ast.parse(path.read_text()), top_level_only=False))
+    anywhere = set(imported(path))
     assert not {m for m in anywhere if m.split(".")[0] in ("ddp_trainer", "ddpjob_box", "ddpjob_cli")}
 
 
