@@ -84,6 +84,7 @@ from bench.common import (
     wait_until,
     write_results,
 )
+from bench.node_loss import bring_back_node, cut_node
 from ddpjob_box import audit, images
 from ddpjob_box.processes import LAST_ERROR_SAID
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS
@@ -434,7 +435,7 @@ class Stack:
                 if name and name != job.name and not other.metadata.deletion_timestamp:
                     self.node_hits[name] += 1
             self.nodes_whole_since = math.inf
-            node.power_cut() if fault == "power-cut" else node.cut_network()
+            cut_node(self.core, node, fault.removesuffix("-cut"))
         except BaseException:
             self.nodes_whole_since = time.monotonic()
             self._node_down.release()
@@ -448,7 +449,7 @@ class Stack:
         try:
             self._wait_for_the_next_attempt(job, attempt)
             self._closing.wait(back_after)
-            node.power_on() if fault == "power-cut" else node.heal_network()
+            bring_back_node(self.core, node, fault.removesuffix("-cut"))
             log(f"{node.name} back after its {fault}")
             self.nodes_whole_since = time.monotonic()
         except Exception as err:  # the run that waits on the job says what went wrong; this says why the node did not
