@@ -13,7 +13,7 @@ from ddpjob_operator.status import JobStatus, PodView
 RESYNC_SECONDS = 300.0
 """Reconcile a live job at least this often, even when no event arrives."""
 KUEUE_POLL_SECONDS = 2.0
-"""Read a queued job's Workload this often: Kueue's admission and eviction wake no watch of ours yet."""
+"""Read a queued job's Workload this often where no watch delivers Kueue's writes (``queueing.Queueing.watched``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -56,6 +57,43 @@ def _operator_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not watch nodes (for an install without the right to read them): no restart on a lost node",
     )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log every reconcile")
+    _election_arguments(parser)
+
+
+def _election_arguments(parser: argparse.ArgumentParser) -> None:
+    election = parser.add_argument_group("leader election (several replicas: only the Lease's holder writes)")
+    election.add_argument(
+        "--leader-elect", action="store_true",
+        help="run for leader on a coordination.k8s.io Lease (the chart's default); off: this replica always writes",
+    )  # fmt: skip
+    election.add_argument("--leader-elect-lease-duration", type=float, default=15.0, metavar="S",
+                          help="a standby takes the Lease after it has not been renewed for this long")  # fmt: skip
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="S",
+                          help="a leader that has not renewed for this long stops writing and exits")  # fmt: skip
+    election.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="S",
+                          help="how often the Lease is renewed, or tried")  # fmt: skip
+    election.add_argument("--leader-elect-lease", default="ddpjob-operator", metavar="NAME", help="the Lease's name")
+    election.add_argument("--leader-elect-namespace", default="", metavar="NS",
+                          help="the Lease's namespace; default: the operator pod's (POD_NAMESPACE)")  # fmt: skip
+    election.add_argument("--leader-elect-identity", default="", metavar="ID",
+                          help="this replica's holderIdentity; default: its pod's name (POD_NAME)")  # fmt: skip
+
+
+def _election(args: argparse.Namespace) -> Any:
+    """The ``leadership.Election`` the flags ask for (None: no election); SystemExit(2) for unsafe durations."""
+    from ddpjob_operator import leadership
+
+    if not args.leader_elect:
+        return None
+    timing = leadership.Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                               args.leader_elect_retry_period)  # fmt: skip
+    if timing.problem():
+        print(f"ddpjob operator: {timing.problem()}", file=sys.stderr)
+        raise SystemExit(2)
+    return leadership.Election(namespace=args.leader_elect_namespace or leadership.default_namespace(),
+                               name=args.leader_elect_lease,
+                               identity=args.leader_elect_identity or leadership.default_identity(),
+                               timing=timing)  # fmt: skip
 
 
 def _run_operator(args: argparse.Namespace) -> int:
@@ -64,12 +102,13 @@ def _run_operator(args: argparse.Namespace) -> int:
     import ddpjob_operator.handlers  # noqa: F401  (registers the handlers)
     from ddpjob_operator.policies import node_loss
 
+    election = _election(args)
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("ddpjob_operator").setLevel(logging.INFO)
     if not args.verbose:  # Kopf logs every handled event at INFO; our transitions are enough
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
-        standalone=True,  # one replica; no peering CRD to install
+        standalone=True,  # no Kopf peering: several replicas elect a leader on a Lease (``leadership``)
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
@@ -83,6 +122,7 @@ def _run_operator(args: argparse.Namespace) -> int:
             unhealthy_taints=list(args.unhealthy_node_taint or node_loss.UNHEALTHY_TAINTS),
             node_exclusion_seconds=args.node_exclusion_seconds,
             node_watch=not args.no_node_watch,
+            election=election,
         ),
     )
     return 0

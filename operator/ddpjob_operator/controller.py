@@ -74,14 +74,6 @@ class Api(Protocol):
 
     def delete_pod_groups(self, namespace: str, job_name: str, keep_attempt: int) -> None: ...
 
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None: ...
-
-    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None: ...
-
-    def release_workload(self, namespace: str, name: str) -> None: ...
-
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def restarts_in_place(self, namespace: str) -> bool: ...
@@ -111,6 +103,24 @@ class Nodes(Protocol):
     def health(self) -> NodeHealth:
         """The nodes known to be lost or sick now."""
         ...
+
+
+class Kueue(Protocol):
+    """Kueue's API (``workloads.Kueue``): a job's Workload, the objects its admission names, and the writes."""
+
+    def watched(self, namespace: str) -> bool: ...
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def flavor(self, name: str) -> dict[str, Any] | None: ...
+
+    def priority_class(self, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, workload: Mapping[str, Any]) -> bool: ...
+
+    def apply_status(self, manager: str, body: Mapping[str, Any]) -> None: ...
+
+    def release(self, namespace: str, name: str) -> None: ...
 
 
 class Progress(Protocol):
@@ -154,6 +164,7 @@ class Controller:
         clock: Clock,
         *,
         nodes: Nodes,
+        kueue: Kueue,
         creates: Executor,
         events: Executor,
         pod_groups: bool,
@@ -163,6 +174,7 @@ class Controller:
         self._api = api
         self._pods = pods
         self._nodes = nodes
+        self._kueue = kueue
         self._progress = progress
         self._clock = clock
         self._creates = creates
@@ -213,7 +225,7 @@ class Controller:
         self.forget(key)
         workload = self.remembered.workloads.get(key)
         if workload is not None:
-            self._api.release_workload(key[0], workload)
+            self._kueue.release(key[0], workload)
             self.remembered.workloads.pop(key, None)
 
     def _launch_before_status(
@@ -354,13 +366,10 @@ class Controller:
         name = workload_name(job.name, job.uid)
         self.remembered.workloads[key] = name
         try:
-            workload = self._api.get_workload(job.namespace, name)
+            workload = self._kueue.workload(job.namespace, name)
         except NotServed:
             return queueing.read(job.queue, None, {}, name=name, served=False)
-        flavors: dict[str, dict[str, Any]] = {}
-        for flavor in queueing.assigned_flavors(workload or {}):
-            found = self._api.get_kueue_object("resourceflavors", flavor)
-            flavors[flavor] = found or {}
+        flavors = {flavor: self._kueue.flavor(flavor) or {} for flavor in queueing.assigned_flavors(workload or {})}
         missing = ""
         if workload is None and job.priority_class and self._priority(job) is None:
             missing = (f"its label kueue.x-k8s.io/priority-class names WorkloadPriorityClass {job.priority_class}, "
@@ -370,6 +379,7 @@ class Controller:
             workload,
             flavors,
             name=name,
+            watched=self._kueue.watched(job.namespace),
             priority_missing=missing,
             create_failed=self.remembered.workload_failures.get(key, "") if workload is None else "",
         )
@@ -377,16 +387,16 @@ class Controller:
     def _priority(self, job: Job) -> builders.Priority | None:
         if not job.priority_class:
             return None
-        found = self._api.get_kueue_object("workloadpriorityclasses", job.priority_class)
+        found = self._kueue.priority_class(job.priority_class)
         return None if found is None else builders.Priority(job.priority_class, int(found.get("value") or 0))
 
     def _tell_kueue(self, job: Job, the_plan: Plan) -> None:
         """Write what the plan tells Kueue and drop its finalizer: each idempotent, after the pods are made (a
         Kueue that does not answer now delays what it is told, never the pods it admitted)."""
         for write in the_plan.workload_status:
-            self._api.apply_workload_status(write.manager, write.body)
+            self._kueue.apply_status(write.manager, write.body)
         if the_plan.release_workload:
-            self._api.release_workload(job.namespace, workload_name(job.name, job.uid))
+            self._kueue.release(job.namespace, workload_name(job.name, job.uid))
 
     def _execute(self, key: Key, body: dict[str, Any], job: Job, the_plan: Plan, now: datetime) -> float | None:
         """Delete, then create if absent, then delete the job: the plan's status is already written."""
@@ -455,7 +465,7 @@ class Controller:
         """The job's Workload, which a GET has just found absent. A failure is kept for the next status to say, and
         raised, so the work queue logs it and tries again with backoff."""
         try:
-            created = self._api.create(builders.workload(job, self._priority(job)))
+            created = self._kueue.create(builders.workload(job, self._priority(job)))
         except NamespaceTerminating:
             raise
         except KubeError as err:

@@ -12,12 +12,15 @@ waits for the operator, and owner references let the garbage collector remove th
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from typing import Any
 
 import kopf
 
 from ddpjob_operator import metrics, namespaces, node_health
-from ddpjob_operator.kube import Unreachable, in_cluster
+from ddpjob_operator.kube import Kube, Unreachable, in_cluster
+from ddpjob_operator.leadership import ALONE, Election, Elector, Leadership
 from ddpjob_operator.policies import node_loss
 from ddpjob_operator.runtime import DDPJobsNotServed, Runtime
 
@@ -41,6 +44,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             unhealthy_taints=list(memo.get("unhealthy_taints") or node_loss.UNHEALTHY_TAINTS),
             node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_health.EXCLUSION_SECONDS),
             node_watch=bool(memo.get("node_watch", True)),
+            leader=_leader(memo.get("election")),
         )
     except (Unreachable, DDPJobsNotServed) as err:  # started while the apiserver restarts: one line, and soon again
         # (not in 60 s). DDPJobsNotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right
@@ -50,6 +54,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.runtime.start()
     if memo.get("metrics_port"):
         metrics.serve(int(memo["metrics_port"]))
+
+
+def _leader(election: Election | None) -> Leadership:
+    """This replica's part in the leader election, or ``ALONE`` without one. A leader that loses the Lease stops
+    writing at once, and stops the process (SIGTERM: Kopf's clean exit), to start again as a standby."""
+    if election is None:
+        return ALONE
+    return Elector(Kube(connections=2), election.namespace, election.name, election.identity,
+                   timing=election.timing, lost=lambda: os.kill(os.getpid(), signal.SIGTERM))  # fmt: skip
 
 
 @kopf.on.login()

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 from urllib.parse import quote
 
 import orjson
@@ -50,6 +50,31 @@ class Unreachable(KubeError):
 
 class NotServed(KubeError):
     """404 for a whole API: the apiserver does not serve that group or version (its CRD is not installed)."""
+
+
+class Fenced(KubeError):
+    """A write refused before it was sent: this replica does not hold the leader Lease (``leadership``)."""
+
+    def __init__(self, identity: str) -> None:
+        super().__init__(0, f"{identity} is not the leader: the write was not sent")
+
+
+class Fence(Protocol):
+    """What every write asks first, as it is issued (``leadership.Elector``)."""
+
+    def check(self) -> None:
+        """Raise ``Fenced`` unless this replica may write now."""
+        ...
+
+
+class Unfenced:
+    """No election: every write may go."""
+
+    def check(self) -> None:
+        pass
+
+
+UNFENCED = Unfenced()
 
 
 class NamespaceTerminating(KubeError):
@@ -111,8 +136,10 @@ class Kube:
     cost more CPU than the request itself, and our bodies are plain JSON already.
     """
 
-    def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4) -> None:
+    def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4,
+                 fence: Fence = UNFENCED) -> None:  # fmt: skip
         self._api = api_client if api_client is not None else _client_from_environment(connections)
+        self._fence = fence
         self._timeout = timeout
         self._in_place: bool | None = None
         self._pool = self._api.rest_client.pool_manager.connection_from_url(str(self._api.configuration.host))
@@ -156,7 +183,10 @@ class Kube:
         content_type: str = "application/json",
         read: bool = True,
     ) -> Any:
-        """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU)."""
+        """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU). A write
+        passes the fence first."""
+        if method != "GET":
+            self._fence.check()
         response = self._call(method, path, body, query, content_type, self._timeout)
         metrics.api_request(method, _resource(path), response.status).inc()
         raw = response.data
@@ -338,25 +368,26 @@ class Kube:
         """A cluster-scoped Kueue object (resourceflavors, workloadpriorityclasses), or None."""
         return self.get(f"/apis/{kueue.API_VERSION}/{plural}/{quote(name)}")
 
-    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None:
-        """Server-side apply of the Workload's status as ``manager``, forced (as Kueue's own writers do)."""
+    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the Workload's status as ``manager``, forced (as Kueue's own writers do); the
+        Workload as written."""
         meta = body["metadata"]
         query = [("fieldManager", manager), ("force", "true")]
-        self._request("PATCH", self._workload_path(meta["namespace"], meta["name"]) + "/status", body=body,
-                      query=query, content_type="application/apply-patch+yaml")  # fmt: skip
+        path = self._workload_path(meta["namespace"], meta["name"]) + "/status"
+        written = self._request("PATCH", path, body=body, query=query, content_type="application/apply-patch+yaml")
+        return dict(written or {})
 
-    def deleted_workloads(self, namespace: str) -> list[tuple[str, str, str]]:
-        """(namespace, name, job name) of our Workloads being deleted that still hold Kueue's finalizer ("": all
-        namespaces; none where Kueue is not installed). The job's name is the label ``builders.workload`` gives it."""
-        base = f"/apis/{kueue.API_VERSION}" + (f"/namespaces/{quote(namespace)}" if namespace else "")
-        try:
-            data = self._request("GET", f"{base}/workloads", query=[("labelSelector", _MANAGED)])
-        except NotServed:
-            return []
-        return [(str(m.get("namespace")), str(m.get("name")), str((m.get("labels") or {}).get(LABEL_JOB_NAME, "")))
-                for w in data.get("items") or []
-                if (m := w.get("metadata") or {}).get("deletionTimestamp")
-                and kueue.FINALIZER in (m.get("finalizers") or [])]  # fmt: skip
+    def list_workloads(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        """Our Workloads (the operator's label) in ``namespace`` ("": all), and the list's resourceVersion."""
+        data = self._request("GET", self._workloads_path(namespace), query=[("labelSelector", _MANAGED)])
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_workloads(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, Workload) for each change after ``version``, as ``watch_managed_pods``."""
+        return self._watch(self._workloads_path(namespace), [("labelSelector", _MANAGED)], version, seconds)
+
+    def _workloads_path(self, namespace: str) -> str:
+        return f"/apis/{kueue.API_VERSION}" + (f"/namespaces/{quote(namespace)}" if namespace else "") + "/workloads"
 
     def release_workload(self, namespace: str, name: str, tries: int = 5) -> None:
         """Drop Kueue's resource-in-use finalizer (gone already: done). The patch names the resourceVersion read, so
@@ -380,6 +411,24 @@ class Kube:
                     raise
                 return
         raise Conflict(409, f"workload {namespace}/{name} kept changing while its finalizer was dropped")
+
+    # The leader Lease (``leadership``; its Kube is unfenced)
+
+    def _lease_path(self, namespace: str, name: str = "") -> str:
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+        return f"{leases}/{quote(name)}" if name else leases
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get(self._lease_path(namespace, name))
+
+    def create_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """Create it; ``Conflict`` when another replica created it first."""
+        return dict(self._request("POST", self._lease_path(lease["metadata"]["namespace"]), body=lease))
+
+    def replace_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """Write it with the resourceVersion it names; ``Conflict`` when it changed since."""
+        meta = lease["metadata"]
+        return dict(self._request("PUT", self._lease_path(meta["namespace"], meta["name"]), body=lease))
 
     # PodGroups (gang scheduling)
 

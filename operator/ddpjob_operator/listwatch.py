@@ -24,6 +24,15 @@ WATCH_SECONDS = 300
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
+class NotYet(Exception):
+    """``_list``'s answer while the apiserver does not serve the objects (an API not installed): listed again after
+    ``seconds``, with nothing logged."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"not served; asking again in {seconds:g}s")
+        self.seconds = seconds
+
+
 class ListWatch:
     """``served``: the operator's namespaces (empty: all; patterns, see ``namespaces``, are matched here against a
     cluster-wide watch). ``what`` names the objects in the log ("pod", "DDPJob")."""
@@ -64,21 +73,27 @@ class ListWatch:
 
     def _run(self, namespace: str) -> None:
         failures = 0
+        said = ""
         scope = namespace or "all namespaces"
         while not self._stopped.is_set():
             try:
                 version = self._list(namespace)
-                failures = 0
+                failures, said = 0, ""
                 while not self._stopped.is_set():
                     version = self._watch(namespace, version)
             except Expired:
                 log.info("%s watch of %s expired; listing again", self._what, scope)
+            except NotYet as err:
+                self._stopped.wait(err.seconds)
             except Exception as err:  # the apiserver restarting, a network blip, a CRD not served yet: with backoff
                 if self._stopped.is_set():
                     return
                 delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
                 failures += 1
-                log.warning("%s watch of %s failed (%s); listing again in %.1fs", self._what, scope, err, delay)
+                # the same failure again (RBAC that does not grant the list) is said once, until it changes
+                level = logging.DEBUG if str(err) == said else logging.WARNING
+                said = str(err)
+                log.log(level, "%s watch of %s failed (%s); listing again in %.1fs", self._what, scope, err, delay)
                 self._stopped.wait(delay)
 
     def _watch(self, namespace: str, version: str) -> str:

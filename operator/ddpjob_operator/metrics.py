@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 JOBS_CREATED = Counter("ddpjob_operator_jobs_created_total", "DDPJobs seen for the first time and set up.")
 JOBS_SUCCEEDED = Counter("ddpjob_operator_jobs_succeeded_total", "DDPJobs that finished with every rank exiting 0.")
@@ -25,6 +25,8 @@ API_REQUESTS = Counter(
     "Requests to the apiserver (watches aside), by verb, resource and HTTP status code.",
     ["verb", "resource", "code"],
 )
+
+LEADER = Gauge("ddpjob_operator_leader", "1 while this replica holds the leader Lease and may write; 0 as a standby.")
 
 
 @functools.cache

@@ -67,6 +67,9 @@ class Queueing:
     """The job's LocalQueue (its ``kueue.x-k8s.io/queue-name`` label); empty: not queued."""
     served: bool = True
     """Whether the apiserver serves Kueue's Workload API (False: Kueue is not installed)."""
+    watched: bool = False
+    """Whether Kueue's writes to the Workload wake the job (the operator's Workload watch has listed its namespace):
+    if not, the job looks again every few seconds."""
     name: str = ""
     """The Workload's name."""
     exists: bool = False
@@ -125,6 +128,7 @@ def read(
     *,
     name: str,
     served: bool = True,
+    watched: bool = False,
     priority_missing: str = "",
     create_failed: str = "",
 ) -> Queueing:
@@ -133,7 +137,7 @@ def read(
     if not queue:
         return NOT_QUEUED
     if not served or workload is None:
-        return Queueing(queue=queue, served=served, name=name, priority_missing=priority_missing,
+        return Queueing(queue=queue, served=served, watched=watched, name=name, priority_missing=priority_missing,
                         create_failed=create_failed)  # fmt: skip
     meta = workload.get("metadata") or {}
     status = workload.get("status") or {}
@@ -143,6 +147,7 @@ def read(
     assignment: Mapping[str, Any] = next(iter(admission.get("podSetAssignments") or []), {}) or {}
     return Queueing(
         queue=queue,
+        watched=watched,
         name=str(meta.get("name") or name),
         exists=True,
         uid=str(meta.get("uid") or ""),

@@ -1,8 +1,9 @@
 """The operator's long-lived parts, made once at startup and stopped at cleanup.
 
-A job's worker (``WorkQueue``) runs the ``Controller``'s reconcile in a thread. Three things wake
-it: the job watch's events for the job (``jobwatch``), the pod cache's watch (a pod of the job changed), and the
-poller (a new scrape of the job's ranks). Every part is made in ``__init__``, before anything can wake a
+A job's worker (``WorkQueue``) runs the ``Controller``'s reconcile in a thread. Five things wake
+it: the job watch's events for the job (``jobwatch``), the pod cache's watch (a pod of the job changed), the
+Workload watch (Kueue wrote its Workload: ``workloads``), the node watch (a node it runs on was lost or turned sick)
+and the poller (a new scrape of the job's ranks). Every part is made in ``__init__``, before anything can wake a
 worker: the watch threads start in ``start``.
 """
 
@@ -17,19 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from ddpjob_contract import kueue
-from ddpjob_operator import api, metrics, namespaces, node_health
+from ddpjob_operator import api, metrics, node_health
 from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.inbox import Inbox
 from ddpjob_operator.jobwatch import JobWatch
-from ddpjob_operator.kube import Kube
+from ddpjob_operator.kube import Kube, KubeError
 from ddpjob_operator.launches_first import LaunchesFirst
+from ddpjob_operator.leadership import ALONE, Leadership
 from ddpjob_operator.loopwatch import LoopWatch
 from ddpjob_operator.nodewatch import NodeWatch, Unwatched
 from ddpjob_operator.podcache import PodCache
 from ddpjob_operator.policies import node_loss
 from ddpjob_operator.poller import Poller
+from ddpjob_operator.workloads import Kueue, WorkloadWatch
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob_operator")
@@ -48,6 +50,24 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _served(kube: Kube) -> bool:
+    """Whether the cluster serves PodGroups, once it serves DDPJobs. Asked once, first (kube.Unreachable while the
+    apiserver is down, DDPJobsNotServed while it cannot say yet), before anything is made: serving PodGroups takes
+    an apiserver restart, and ours are cheap. The client is closed if either is not known."""
+    try:
+        if not kube.serves(api.API_VERSION, api.PLURAL):
+            raise DDPJobsNotServed(
+                f"the apiserver does not serve {api.PLURAL}.{api.API_VERSION} yet (it lists a custom resource "
+                f"a moment after it starts; if this goes on, install the CRD: the chart's, or manifests/crd.yaml)"
+            )
+        pod_groups = kube.serves_pod_groups()
+    except BaseException:
+        kube.close()
+        raise
+    log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
+    return pod_groups
+
+
 class Runtime:
     """``namespaces``: the operator's (empty: all); ``workers``: reconciles in flight at once."""
 
@@ -62,22 +82,12 @@ class Runtime:
         unhealthy_taints: Sequence[str] = node_loss.UNHEALTHY_TAINTS,
         node_exclusion_seconds: float = node_health.EXCLUSION_SECONDS,
         node_watch: bool = True,
+        leader: Leadership = ALONE,
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4))
-        # Asked once, first (kube.Unreachable while the apiserver is down, DDPJobsNotServed while it cannot say yet),
-        # before anything is made: serving PodGroups takes an apiserver restart, and ours are cheap.
-        try:
-            if not self.kube.serves(api.API_VERSION, api.PLURAL):
-                raise DDPJobsNotServed(
-                    f"the apiserver does not serve {api.PLURAL}.{api.API_VERSION} yet (it lists a custom resource "
-                    f"a moment after it starts; if this goes on, install the CRD: the chart's, or manifests/crd.yaml)"
-                )
-            pod_groups = self.kube.serves_pod_groups()
-        except BaseException:
-            self.kube.close()
-            raise
-        log.info("gang scheduling: the cluster %s PodGroups", "serves" if pod_groups else "does not serve")
+        self.leader = leader
+        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4), fence=leader)
+        pod_groups = _served(self.kube)
         # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
         self._reconciles = LaunchesFirst(workers, max_wait=REPORT_MAX_WAIT_SECONDS, thread_name_prefix="reconcile")
         creates = ThreadPoolExecutor(2 * workers, thread_name_prefix="create")
@@ -94,30 +104,35 @@ class Runtime:
         self.nodes = (NodeWatch(Kube(connections=2), self._node_changed, unhealthy_taints=unhealthy_taints,
                                 exclusion_seconds=node_exclusion_seconds)
                       if node_watch else Unwatched())  # fmt: skip
+        self.kueue = Kueue(self.kube)
+        self.workloads = WorkloadWatch(Kube(connections=2), namespaces, self.kueue, self._pods_changed)
         self._stopped = threading.Event()
         self._loop_watch = LoopWatch(self._loop)
-        self._sweeper = threading.Thread(target=self._sweep_workloads, args=(list(namespaces),), daemon=True,
-                                         name="workload-sweep")  # fmt: skip
-        self.controller = Controller(self.kube, self.pods, self.poller, _now, nodes=self.nodes, creates=creates,
-                                     events=events, pod_groups=pod_groups)  # fmt: skip
+        self._sweeper = threading.Thread(target=self._sweep_workloads, daemon=True, name="workload-sweep")
+        self.controller = Controller(self.kube, self.pods, self.poller, _now, nodes=self.nodes, kueue=self.kueue,
+                                     creates=creates, events=events, pod_groups=pod_groups)  # fmt: skip
 
     def start(self) -> None:
         self.pods.start()
         self.jobs.start()
         self.nodes.start()
+        self.workloads.start()
         self._sweeper.start()
         self._loop_watch.start()
+        self.leader.start(self._started_leading)
 
     async def stop(self) -> None:
         self._stopped.set()
         self._loop_watch.stop()
         self.jobs.stop()
         self.nodes.stop()
+        self.workloads.stop()
         self.pods.stop()
         await self.poller.stop()  # first: each poll wakes a worker
         await self.queue.stop()
         for pool in self._pools:
             pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.leader.stop)  # the Lease released last: a standby takes over at once
         self.kube.close()
 
     def job_event(self, key: Key, kind: str | None, body: Mapping[str, Any] | None) -> None:
@@ -134,29 +149,29 @@ class Runtime:
                 return
         self.queue.enqueue(key)
 
-    def _sweep_workloads(self, scopes: list[str]) -> None:
+    def _sweep_workloads(self) -> None:
         """Kueue keeps a Workload's quota until its finalizer goes. A job deleted unfinished has it dropped at once
         (``Controller``); one deleted while no operator ran is found here, as the garbage collector deletes its
-        Workload, within a sweep. A cluster without Kueue is not asked (RBAC answers 403 before the apiserver
-        would say 404, and the chart grants Workloads only where Kueue is served); a failure is said once, until
-        it changes."""
+        Workload, within a sweep of what the Workload watch holds (no request). A failure is said once, until it
+        changes."""
         said = ""
         while not self._stopped.wait(WORKLOAD_SWEEP_SECONDS):
+            if not self.leader.leads():
+                continue  # a standby writes nothing
             try:
-                if not self.kube.serves(kueue.API_VERSION, "workloads"):
-                    continue
-                for scope in scopes if scopes and not namespaces.any_pattern(scopes) else [""]:
-                    for ns, name, job_name in self.kube.deleted_workloads(scope):
-                        if (ns, job_name) not in self.served:
-                            self.kube.release_workload(ns, name)
+                for ns, name, job in self.kueue.orphans():
+                    if job not in self.served:
+                        self.kueue.release(ns, name)
                 said = ""
-            except Exception as err:  # the apiserver restarting, or RBAC without Workloads: the next sweep tries again
+            except KubeError as err:  # the apiserver restarting: the next sweep tries again
                 if str(err) != said:
-                    log.warning("the sweep for deleted jobs' Workloads failed (%s); trying again every %.0fs", err,
+                    log.warning("releasing a deleted job's Workload failed (%s); trying again every %.0fs", err,
                                 WORKLOAD_SWEEP_SECONDS)  # fmt: skip
                 said = str(err)
 
     async def _reconcile(self, key: Key) -> float | None:
+        if not self.leader.leads():
+            return None  # a standby keeps its watches warm; the leader reconciles (all of them when it takes over)
         try:
             reports = self.controller.reports_only(key)
             submit = self._reconciles.submit_report if reports else self._reconciles.submit
@@ -170,13 +185,21 @@ class Runtime:
         self._inbox.post(functools.partial(self.job_event, key, kind, body))
 
     def _pods_changed(self, key: Key) -> None:
-        """From the cache's watch threads: wake the job's worker, on the event loop."""
+        """From the pod cache's and the Workload watch's threads: wake the job's worker, on the event loop."""
         self._inbox.post(functools.partial(self._wake, key))
 
     def _node_changed(self, node: str) -> None:
         """From the node watch's thread: a node's health changed; wake the jobs with a pod on it."""
         for key in self.pods.jobs_on(node):
             self._inbox.post(functools.partial(self._wake, key))
+
+    def _started_leading(self) -> None:
+        """From the election's thread: this replica took the Lease; every job it has heard of is reconciled."""
+        self._inbox.post(self._reconcile_all)
+
+    def _reconcile_all(self) -> None:
+        for key in list(self.served):
+            self.queue.enqueue(key)
 
     def _wake(self, key: Key) -> None:
         if key in self.served:

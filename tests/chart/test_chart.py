@@ -38,16 +38,56 @@ def test_helm_lint_passes_in_strict_mode_with_defaults_and_with_every_toggle() -
 def test_the_default_install_is_namespaced_with_nothing_cluster_wide_but_reading_nodes() -> None:
     docs = template()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
-                     "Service", "ServiceAccount"]  # fmt: skip
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role",
+                     "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]  # fmt: skip
     assert one(docs, "ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
                                                  "verbs": ["get", "list", "watch"]}]  # fmt: skip
     namespaced = [d for d in docs if not d["kind"].startswith("Cluster")]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"ddpjob-system"}
     without = sorted(d["kind"] for d in template("--set", "nodeHealth.enabled=false"))
-    assert without == ["Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert without == ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role", "Role", "RoleBinding",
+                       "RoleBinding", "Service", "ServiceAccount"]  # fmt: skip
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ddpjob-system" in args and "--all-namespaces" not in args
+
+
+def test_two_replicas_elect_a_leader_on_a_lease_spread_over_nodes_under_a_disruption_budget() -> None:
+    docs = template()
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}  # fmt: skip
+    assert [a for a in container["args"] if a.startswith("--leader-elect")] == [
+        "--leader-elect", "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2", "--leader-elect-lease=ddpjob"]  # fmt: skip
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    budget = one(docs, "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+    leases = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("leader-election")]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in leases] == [
+        (
+            "ddpjob-system",
+            [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
+        )
+    ]
+
+
+def test_one_replica_still_works_with_or_without_election_and_two_without_it_are_refused() -> None:
+    alone = template("--set", "replicas=1")
+    assert not of_kind(alone, "PodDisruptionBudget")
+    assert "topologySpreadConstraints" not in one(alone, "Deployment")["spec"]["template"]["spec"]
+    off = one(template("--set", "replicas=1", "--set", "leaderElection.enabled=false"), "Deployment")
+    assert off["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in off["spec"]["template"]["spec"]["containers"][0]["args"] if "leader" in a]
+    refused = helm("template", "t", str(CHART), "--set", "leaderElection.enabled=false", check=False)
+    assert refused.returncode != 0
+    assert "replicas above 1 need leaderElection.enabled" in refused.stderr
 
 
 def test_the_node_health_values_become_the_operators_flags() -> None:
@@ -65,7 +105,8 @@ def test_the_node_health_values_become_the_operators_flags() -> None:
 
 
 def test_each_watched_namespace_gets_a_role_binding_and_a_namespace_flag() -> None:
-    docs = template("--set", "watch.namespaces={team-a,team-b}")
+    docs = [d for d in template("--set", "watch.namespaces={team-a,team-b}")
+            if not d["metadata"]["name"].endswith("-leader-election")]  # fmt: skip
     assert sorted(r["metadata"]["namespace"] for r in of_kind(docs, "Role")) == ["team-a", "team-b"]
     bindings = of_kind(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
@@ -87,7 +128,8 @@ def test_the_operators_reconcile_workers_are_a_value() -> None:
 
 def test_cluster_wide_mode_binds_one_cluster_role_and_watches_all_namespaces() -> None:
     docs = template("--set", "watch.clusterWide=true")
-    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    leases = [d["metadata"]["name"] for d in [*of_kind(docs, "Role"), *of_kind(docs, "RoleBinding")]]
+    assert leases == ["ddpjob-leader-election"] * 2, "only the Lease's, in the release namespace"
     (role,) = [r for r in of_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-node-reader")]
     bindings = [b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")]
     assert role["metadata"]["name"] in bindings
@@ -111,6 +153,8 @@ def test_rbac_names_every_verb_and_resource_and_never_touches_secrets_or_rbac(mo
             assert rule["apiGroups"] == [""] and rule["verbs"] == ["get", "list", "watch"]
         elif rule["apiGroups"] == ["kueue.x-k8s.io"]:
             assert "delete" not in rule["verbs"] and "update" not in rule["verbs"]
+        elif rule["apiGroups"] == ["coordination.k8s.io"]:  # leader election: its Lease
+            assert rule["resources"] == ["leases"] and rule["verbs"] == ["get", "create", "update"]
         elif rule["resources"] != ["customresourcedefinitions"]:
             assert rule["apiGroups"] in (["ddpjob.dev"], [""])
         else:
@@ -133,8 +177,8 @@ def test_the_kueue_rbac_is_granted_where_the_cluster_serves_kueue_or_when_asked(
     rules = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]]
     kueue = {(r, v) for rule in rules if rule["apiGroups"] == ["kueue.x-k8s.io"] for r in rule["resources"]
              for v in rule["verbs"]}  # fmt: skip
-    expected = {("workloads", "get"), ("workloads", "list"), ("workloads", "create"), ("workloads", "patch"),
-                ("workloads/status", "patch"),
+    expected = {("workloads", "get"), ("workloads", "list"), ("workloads", "watch"), ("workloads", "create"),
+                ("workloads", "patch"), ("workloads/status", "patch"),
                 ("resourceflavors", "get"), ("workloadpriorityclasses", "get")}  # fmt: skip
     assert kueue == (expected if granted else set())
     read_by_kueue = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"].endswith("kueue")]
@@ -223,7 +267,8 @@ def test_the_training_network_policy_admits_peers_prometheus_and_the_operator_on
 @pytest.mark.parametrize(
     "bad",
     [
-        ["--set", "replicas=2"],
+        ["--set", "replicas=two"],
+        ["--set", "leaderElection.colour=red"],
         ["--set", "image.digest=sha256:abc"],
         ["--set", "watch.clusterWide=maybe"],
         ["--set", "watch.namespaces=team-a"],

@@ -56,9 +56,13 @@ class Release:
     def helm(self, *args: str, check: bool = True) -> Any:
         return helm(*args, "--namespace", self.namespace, kubeconfig=self.kubeconfig, check=check)
 
-    def operator_pod(self) -> Any:
+    def operator_pods(self) -> list[Any]:
+        """The operator's running replicas."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app.kubernetes.io/instance={RELEASE}")
-        running = [p for p in pods.items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return [p for p in pods.items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+    def operator_pod(self) -> Any:
+        running = self.operator_pods()
         return running[0] if running else None
 
     def job(self, name: str) -> dict[str, Any]:
@@ -98,18 +102,16 @@ def release(cluster: Cluster, api_client: Any, node: KubeletNode) -> Iterator[Re
 
 
 def _operator_log(release: Release) -> str:
-    """The running operator pod's log. Its Deployment replaces a pod that dies, so the pod listed may be gone by
-    the time its log is read (404): then its successor's is read, as if it had been listed a moment later."""
-    for _ in range(3):
-        pod = release.operator_pod()
-        if pod is None:
-            return ""
+    """Every running operator replica's log, the leader's and the standby's. Its Deployment replaces a pod that
+    dies, so a pod listed may be gone by the time its log is read (404): then it has none to add."""
+    logs = []
+    for pod in release.operator_pods():
         try:
-            return str(release.core.read_namespaced_pod_log(pod.metadata.name, release.namespace))
+            logs.append(str(release.core.read_namespaced_pod_log(pod.metadata.name, release.namespace)))
         except ApiException as err:
             if err.status != 404:
                 raise
-    return ""
+    return "\n".join(logs)
 
 
 def _diagnosis(release: Release) -> str:
@@ -209,7 +211,7 @@ def test_helm_install_creates_the_crd_the_rbac_and_the_operator_deployment(relea
     binding = rbac.read_namespaced_role_binding(RELEASE, release.namespace)
     assert binding.subjects[0].name == RELEASE
     deployment = release.apps.read_namespaced_deployment(RELEASE, release.namespace)
-    assert deployment.status.ready_replicas == 1
+    assert deployment.status.ready_replicas == 2, "two replicas, one of them the leader"
     assert f"rollout status deployment/{RELEASE}" in release.notes, "NOTES.txt tells how to check the operator"
     assert f"The operator watches: {release.namespace}" in release.notes
 
@@ -264,6 +266,34 @@ def test_every_dashboard_panel_returns_data_from_prometheus_while_the_job_trains
     assert sorted(s["metric"]["rank"] for s in by_title["Loss per rank"]) == ["0", "1"]
     phases = next(r for t, _, r in training.seen["panels"] if t == "Time per step by phase")
     assert sorted(s["metric"]["phase"] for s in phases) == ["backward", "data", "forward", "optimizer"]
+
+
+def _metrics(release: Release, pod: str) -> str:
+    """A replica's /metrics, read inside its pod (the operator image has Python, and no curl)."""
+    url = "http://127.0.0.1:8080/metrics"  # the chart's operator.metricsPort
+    fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+    return Kubectl(release.kubeconfig)("exec", "-n", release.namespace, pod, "--", "python", "-c", fetch).stdout
+
+
+def _sample(metrics: str, name: str, where: str = "") -> float:
+    """The sum of a metric's samples whose labels contain ``where``."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name) and where in line and not line.startswith("#"))  # fmt: skip
+
+
+def test_of_the_two_replicas_exactly_one_holds_the_lease_and_the_standby_wrote_nothing(training: Release) -> None:
+    assert training.seen["phase"] == "Succeeded"
+    lease = client.CoordinationV1Api(training.core.api_client).read_namespaced_lease(RELEASE, training.namespace)
+    pods = sorted(p.metadata.name for p in training.operator_pods())
+    assert len(pods) == 2 and lease.spec.holder_identity in pods, (lease.spec, pods)
+    (standby,) = [p for p in pods if p != lease.spec.holder_identity]
+    leader = _metrics(training, lease.spec.holder_identity)
+    quiet = _metrics(training, standby)
+    assert _sample(leader, "ddpjob_operator_leader ") == 1 and _sample(quiet, "ddpjob_operator_leader ") == 0
+    assert _sample(leader, "ddpjob_operator_api_requests_total", 'verb="POST"') > 0, "the leader made the pods"
+    writes = [line for line in quiet.splitlines() if line.startswith("ddpjob_operator_api_requests_total")
+              and 'verb="GET"' not in line and float(line.rsplit(" ", 1)[1]) > 0]  # fmt: skip
+    assert writes == [], "the standby kept its watches and sent no write"
 
 
 def test_the_network_policy_selects_exactly_the_jobs_pods(training: Release) -> None:

@@ -16,7 +16,7 @@ import pytest
 from ddpjob_contract import kueue
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator import builders, queueing
-from ddpjob_operator.actions import Plan
+from ddpjob_operator.actions import KUEUE_POLL_SECONDS, Plan
 from ddpjob_operator.api import Job, parse_job
 from ddpjob_operator.lifecycle import plan
 from ddpjob_operator.policies import admission
@@ -82,7 +82,19 @@ def test_a_labelled_job_gets_a_workload_and_no_pod_until_admitted_and_says_kueue
     said = waiting.status.condition(ConditionType.QUEUED)
     assert said is not None and said.status and "insufficient quota for example.com/slot" in said.message
     assert said.message.startswith("queued in LocalQueue team-a")
-    assert waiting.requeue_after is not None  # Kueue's admission wakes no watch: it is read again
+    assert waiting.requeue_after == KUEUE_POLL_SECONDS, "before the Workload watch has listed, it is read again"
+
+
+def test_a_job_waiting_in_a_watched_queue_is_not_looked_at_again_until_kueue_writes_its_workload() -> None:
+    j = queued_job()
+    first = run(j, JobStatus(), [], None)
+    wl = workload(j, PENDING)
+    waiting = plan(j, first.status, [], T0, queued=queueing.read(j.queue, wl, {}, name=wl["metadata"]["name"],
+                                                                  watched=True))  # fmt: skip
+    assert waiting.status.phase is Phase.QUEUED and not waiting.create_workload
+    assert waiting.requeue_after is None, "Kueue's admission comes by the watch, which wakes the job"
+    creating = plan(j, first.status, [], T0, queued=queueing.read(j.queue, None, {}, name="w", watched=True))
+    assert creating.requeue_after == KUEUE_POLL_SECONDS, "no Workload yet: it is being created, and read again"
 
 
 def test_the_workload_is_one_pod_set_of_every_rank_owned_by_the_job_with_kueues_finalizer() -> None:

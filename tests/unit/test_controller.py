@@ -20,6 +20,7 @@ from ddpjob_operator.node_health import ALL_HEALTHY, NodeHealth
 from ddpjob_operator.podcache import PodIndex
 from ddpjob_operator.progress import Scrape, Target
 from ddpjob_operator.remembered import Bodies
+from ddpjob_operator.workloads import Kueue
 
 from . import factories
 
@@ -99,8 +100,9 @@ class FakeKube:
         self._call(f"GET {plural}")
         return None
 
-    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> None:
+    def apply_workload_status(self, manager: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._call(f"APPLY workload status as {manager}")
+        return {}
 
     def release_workload(self, namespace: str, name: str) -> None:
         self._call("RELEASE workload")
@@ -182,8 +184,8 @@ def controller(
     pod_groups: bool = False,
     nodes: Nodes | None = None,
 ) -> Controller:
-    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, nodes=nodes or Nodes(), creates=creates,
-                      events=Inline(),
+    return Controller(kube, pods or FakeCache(), NoPolls(), lambda: T0, nodes=nodes or Nodes(), kueue=Kueue(kube),
+                      creates=creates, events=Inline(),
                       pod_groups=pod_groups)  # fmt: skip
 
 

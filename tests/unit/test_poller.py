@@ -16,6 +16,7 @@ from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.poller import Poller
 from ddpjob_operator.progress import REFUSED, Target
+from ddpjob_operator.workloads import Kueue
 from ddpjob_operator.workqueue import WorkQueue
 
 from .factories import count_wakes
@@ -127,9 +128,8 @@ def test_a_reconcile_runs_to_the_end_while_a_poll_of_the_same_job_waits_on_a_sil
         poller = Poller(woken.append, timeout=60)  # the poll below would wait a minute
         reconciled = asyncio.Event()
         kube = FakeKube(replicas=1)
-        controller = Controller(
-            kube, FakeCache(), poller, lambda: T0, nodes=Nodes(), creates=Inline(), events=Inline(), pod_groups=False
-        )
+        controller = Controller(kube, FakeCache(), poller, lambda: T0, nodes=Nodes(), kueue=Kueue(kube),
+                                creates=Inline(), events=Inline(), pod_groups=False)  # fmt: skip
 
         async def run_reconcile(key: Key) -> float | None:
             result = await asyncio.to_thread(controller.reconcile, key)

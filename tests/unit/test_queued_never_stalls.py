@@ -24,6 +24,7 @@ from ddpjob_operator.controller import Controller
 from ddpjob_operator.kube import Kube, KubeError
 from ddpjob_operator.loopwatch import LoopWatch
 from ddpjob_operator.queueing import workload_name
+from ddpjob_operator.workloads import Kueue
 
 from . import factories
 from .test_controller import FakeCache, Inline, Nodes, NoPolls
@@ -92,7 +93,8 @@ def creates() -> Iterator[Executor]:
 
 
 def controller(server: Apiserver, creates: Executor, now: list[datetime]) -> Controller:
-    return Controller(Kube(Client(server)), FakeCache([]), NoPolls(), lambda: now[0], nodes=Nodes(),  # type: ignore[arg-type]
+    kube = Kube(Client(server))  # type: ignore[arg-type]
+    return Controller(kube, FakeCache([]), NoPolls(), lambda: now[0], nodes=Nodes(), kueue=Kueue(kube),
                       creates=creates, events=Inline(), pod_groups=False)  # fmt: skip
 
 

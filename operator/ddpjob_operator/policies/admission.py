@@ -170,6 +170,12 @@ def kueue_writes(q: Queueing, the_plan: Plan, pods: Sequence[PodView], now: date
         "create_workload": create_workload(q, status.phase),
         "workload_status": writes,
         "release_workload": release_workload(q, left),
-        # Kueue's decisions wake no watch of ours: look again soon while the Workload may still change
-        "requeue_after": soonest(the_plan.requeue_after, None if settled else KUEUE_POLL_SECONDS),
+        "requeue_after": soonest(the_plan.requeue_after, None if settled else look_again(q)),
     }
+
+
+def look_again(q: Queueing) -> float | None:
+    """When to read the Workload again while it may still change: never while the Workload watch delivers Kueue's
+    writes (each wakes the job), but every few seconds before it has listed, or while no Workload is there yet
+    (being created, or waiting for its priority class)."""
+    return None if q.watched and q.exists else KUEUE_POLL_SECONDS
