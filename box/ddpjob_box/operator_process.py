@@ -38,7 +38,8 @@ def error_lines(log: str) -> list[str]:
 
 class OperatorProcess:
     """``namespaces`` empty: all of them. ``metrics_port`` 0 and ``liveness`` "": no servers. ``faults``: the
-    points where it exits as if killed (``DDPJOB_FAULTS``, e.g. ``pod-created:2``), for crash tests."""
+    points where it exits as if killed (``DDPJOB_FAULTS``, e.g. ``pod-created:2``), for crash tests. ``extra_args``:
+    more flags (``--leader-elect``...)."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class OperatorProcess:
         liveness: str = "",
         workers: int = 0,
         faults: str = "",
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.log_path = log_path
         argv = [sys.executable, "-m", "ddpjob_operator", "operator"]
@@ -57,6 +59,7 @@ class OperatorProcess:
         argv += ["--metrics-port", str(metrics_port), "--liveness", liveness]
         if workers:
             argv += ["--workers", str(workers)]
+        argv += extra_args
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
         env[operator_faults.ENV] = faults
         with open(log_path, "wb") as log:

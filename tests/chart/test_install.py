@@ -291,8 +291,10 @@ def test_of_the_two_replicas_exactly_one_holds_the_lease_and_the_standby_wrote_n
     quiet = _metrics(training, standby)
     assert _sample(leader, "ddpjob_operator_leader ") == 1 and _sample(quiet, "ddpjob_operator_leader ") == 0
     assert _sample(leader, "ddpjob_operator_api_requests_total", 'verb="POST"') > 0, "the leader made the pods"
+    # the election's own requests aside (both replicas may have raced to create the Lease: one got 409)
     writes = [line for line in quiet.splitlines() if line.startswith("ddpjob_operator_api_requests_total")
-              and 'verb="GET"' not in line and float(line.rsplit(" ", 1)[1]) > 0]  # fmt: skip
+              and 'verb="GET"' not in line and 'resource="leases"' not in line
+              and float(line.rsplit(" ", 1)[1]) > 0]  # fmt: skip
     assert writes == [], "the standby kept its watches and sent no write"
 
 
