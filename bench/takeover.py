@@ -5,7 +5,8 @@
 
 The box's control plane alone (no node: the pods stay Pending), the DDPJob CRD, and two operator processes run as
 the chart runs them: ``--leader-elect`` with its durations (lease 15 s, renew deadline 10 s, retry 2 s). Each trial
-reads the Lease's holder, SIGKILLs that process, creates a 2-rank DDPJob at once, and times from the kill to the
+waits until the standby has run a few seconds, reads the Lease's holder, SIGKILLs that process at a random
+point between two renewals, creates a 2-rank DDPJob at once, and times from the kill to the
 job's first pod: the standby took the Lease and reconciled the job, its first write that a client sees. The
 killed replica then starts again, as the new standby. A takeover within the lease duration plus 2 s is the target.
 
@@ -16,18 +17,21 @@ Then the standby's cost: ``--jobs`` DDPJobs created and given their pods by the 
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.apiserver import Api
+from bench.apiserver import Api, ApiError
 from bench.common import log, machine, percentile, table, write_results
 from bench.operator_scale import PodWatch, control_plane_with_crd, cpu_seconds, create_jobs, job_body, jobs_path
 from ddpjob_box.operator_process import OperatorProcess
+from ddpjob_box.ports import free_port
 
 NAME = "takeover"
 NAMESPACE = "default"
@@ -41,9 +45,19 @@ class Replica:
 
     def __init__(self, kubeconfig: Path, logs: Path, identity: str) -> None:
         self.identity = identity
+        self.metrics_port = free_port()
         flags = ["--leader-elect", f"--leader-elect-identity={identity}", f"--leader-elect-lease={LEASE}",
                  *(f"--leader-elect-{k}={v:g}" for k, v in TIMING.items())]  # fmt: skip
-        self.process = OperatorProcess(kubeconfig, logs / f"{identity}.log", extra_args=flags)
+        self.process = OperatorProcess(kubeconfig, logs / f"{identity}.log", metrics_port=self.metrics_port,
+                                       extra_args=flags)  # fmt: skip
+
+    def standing_by(self) -> bool:
+        """Whether it is up and running for leader (its metrics say it does not lead)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:
+                return "\nddpjob_operator_leader 0.0" in response.read().decode()
+        except OSError:
+            return False
 
     def memory_mib(self) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
@@ -64,7 +78,13 @@ class Figures:
 
 
 def holder(client: Api) -> str:
-    lease = client.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}") or {}
+    """The Lease's holder ("" while there is none)."""
+    try:
+        lease = client.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}")
+    except ApiError as err:
+        if err.status != 404:
+            raise
+        return ""
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
@@ -79,8 +99,16 @@ def wait_for_leader(client: Api, replicas: dict[str, Replica], timeout: float = 
 
 
 def trial(client: Api, kubeconfig: Path, logs: Path, replicas: dict[str, Replica], n: int) -> float:
-    """SIGKILL the leader, create a job at once; seconds from the kill to its first pod."""
+    """SIGKILL the leader, create a job at once; seconds from the kill to its first pod. The standby has run for
+    a while (as it would have on a cluster), and the kill falls anywhere between two of the leader's renewals."""
     leader = wait_for_leader(client, replicas)
+    (standby,) = [r for r in replicas.values() if r is not leader]
+    deadline = time.monotonic() + 60
+    while not standby.standing_by():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{standby.identity} did not start within 60 s; its log:\n{standby.process.log_tail()}")
+        time.sleep(0.2)
+    time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
     watch = PodWatch(client, 1)
     name = f"takeover-{n:03d}"
     try:

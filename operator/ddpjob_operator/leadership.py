@@ -165,6 +165,8 @@ class Elector:
         self._leading = False
         self._observed: tuple[str, str, float] = ("", "", float("-inf"))
         """The Lease's (holder, renewTime) as last seen to change, and the monotonic time it was seen."""
+        self._expires = float("inf")
+        """When the Lease another replica holds runs out, as this replica has seen it (monotonic)."""
         self._held: dict[str, Any] | None = None
         """The Lease as this replica last wrote it while leading."""
         self._stopped = threading.Event()
@@ -208,7 +210,7 @@ class Elector:
                 renewed = self.try_acquire_or_renew(started)
             except KubeError as err:
                 log.debug("leader election: %s", err)
-                renewed = False
+                renewed, self._expires = False, float("inf")  # unanswered: try again at the retry period
             if renewed:
                 self._valid_until = started + self._timing.renew_deadline
                 if not self._leading:
@@ -224,7 +226,11 @@ class Elector:
                           self._timing.renew_deadline)  # fmt: skip
                 self._lost()
                 return
-            self._stopped.wait(max(0.0, self._timing.retry_period - (self._clock() - started)))
+            # A standby looks twice per retry period (it sees a renewal within half of one, and its count of the
+            # lease duration starts then), and at the moment the Lease it watches runs out.
+            period = self._timing.retry_period if self._leading else self._timing.retry_period / 2
+            again = min(started + period, self._expires)
+            self._stopped.wait(max(0.0, again - self._clock()))
 
     def try_acquire_or_renew(self, now: float) -> bool:
         """One try: True when this replica holds the Lease after it (taken or renewed by a write just made)."""
@@ -238,7 +244,9 @@ class Elector:
             self._observed = (holder, renewed, now)
         duration = float(spec.get("leaseDurationSeconds") or self._timing.lease_duration)
         if holder and holder != self.identity and now < self._observed[2] + duration:
+            self._expires = self._observed[2] + duration
             return False  # held, and renewed within its duration as this replica has seen it
+        self._expires = float("inf")
         try:
             self._held = self._api.replace_lease(self._record(lease))
         except Conflict:
