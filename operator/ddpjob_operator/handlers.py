@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import metrics, namespaces, node_health
-from ddpjob_operator.kube import Kube, Unreachable, in_cluster
+from ddpjob_operator.kube import Kube, Unreachable, in_cluster, user_agent
 from ddpjob_operator.leadership import ALONE, Election, Elector, Leadership
 from ddpjob_operator.policies import node_loss
 from ddpjob_operator.runtime import DDPJobsNotServed, Runtime
@@ -61,7 +61,8 @@ def _leader(election: Election | None) -> Leadership:
     writing at once, and stops the process (SIGTERM: Kopf's clean exit), to start again as a standby."""
     if election is None:
         return ALONE
-    return Elector(Kube(connections=2), election.namespace, election.name, election.identity,
+    return Elector(Kube(connections=2, user_agent=user_agent(election.identity)), election.namespace, election.name,
+                   election.identity,
                    timing=election.timing, lost=lambda: os.kill(os.getpid(), signal.SIGTERM))  # fmt: skip
 
 

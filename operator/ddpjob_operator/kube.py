@@ -52,6 +52,14 @@ class NotServed(KubeError):
     """404 for a whole API: the apiserver does not serve that group or version (its CRD is not installed)."""
 
 
+USER_AGENT = "ddpjob-operator"
+"""The operator's requests name it so (with its replica's identity under leader election: ``user_agent``)."""
+
+
+def user_agent(identity: str) -> str:
+    return f"{USER_AGENT}/{identity}" if identity else USER_AGENT
+
+
 class Fenced(KubeError):
     """A write refused before it was sent: this replica does not hold the leader Lease (``leadership``)."""
 
@@ -137,8 +145,10 @@ class Kube:
     """
 
     def __init__(self, api_client: Any | None = None, *, timeout: float = 30.0, connections: int = 4,
-                 fence: Fence = UNFENCED) -> None:  # fmt: skip
+                 fence: Fence = UNFENCED, user_agent: str = "") -> None:  # fmt: skip
+        """``user_agent``: what the apiserver's audit log names this client by (``USER_AGENT``, and the replica)."""
         self._api = api_client if api_client is not None else _client_from_environment(connections)
+        self._agent = {"User-Agent": user_agent} if user_agent else {}
         self._fence = fence
         self._timeout = timeout
         self._in_place: bool | None = None
@@ -159,7 +169,7 @@ class Kube:
 
     def _call(self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str,
               timeout: float | tuple[float, float]) -> Any:  # fmt: skip
-        headers = {**self._api.default_headers, **self._credentials(), "Accept": "application/json",
+        headers = {**self._api.default_headers, **self._agent, **self._credentials(), "Accept": "application/json",
                    "Content-Type": content_type}  # fmt: skip
         url = path
         if query:

@@ -40,7 +40,10 @@ LEASE_API = "coordination.k8s.io/v1"
 
 
 class Leadership(Protocol):
-    """Whether this replica leads (``runtime``), and the fence its writes pass (``kube.Kube``)."""
+    """Whether this replica leads (``runtime``), and the fence its writes pass (``kube.Kube``); ``identity`` names
+    the replica (its Lease holder name; "" alone)."""
+
+    identity: str
 
     def leads(self) -> bool: ...
 
@@ -59,6 +62,8 @@ class Leadership(Protocol):
 
 class Alone:
     """One replica, no election: it always leads, and every write may go."""
+
+    identity = ""
 
     def leads(self) -> bool:
         return True

@@ -23,7 +23,7 @@ from ddpjob_operator.api import Key
 from ddpjob_operator.controller import Controller
 from ddpjob_operator.inbox import Inbox
 from ddpjob_operator.jobwatch import JobWatch
-from ddpjob_operator.kube import Kube, KubeError
+from ddpjob_operator.kube import Kube, KubeError, user_agent
 from ddpjob_operator.launches_first import LaunchesFirst
 from ddpjob_operator.leadership import ALONE, Leadership
 from ddpjob_operator.loopwatch import LoopWatch
@@ -86,7 +86,8 @@ class Runtime:
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.leader = leader
-        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4), fence=leader)
+        agent = user_agent(leader.identity)  # every request of this replica names it, in the audit log too
+        self.kube = Kube(connections=workers + 2 * workers + max(2, workers // 4), fence=leader, user_agent=agent)
         pod_groups = _served(self.kube)
         # A reconcile mostly waits on the apiserver, so threads, not CPUs, bound how many run at once.
         self._reconciles = LaunchesFirst(workers, max_wait=REPORT_MAX_WAIT_SECONDS, thread_name_prefix="reconcile")
@@ -99,13 +100,17 @@ class Runtime:
         """Jobs the job watch delivered, so in a namespace we serve: only they are woken by their pods."""
         self.poller = Poller(self.queue.enqueue, max_interval=progress_interval, timeout=progress_timeout,
                              concurrency=progress_concurrency)  # fmt: skip
-        self.pods = PodCache(Kube(connections=2), namespaces, self._pods_changed)  # the watches' own connections
-        self.jobs = JobWatch(Kube(connections=2), namespaces, self._job_changed)
-        self.nodes = (NodeWatch(Kube(connections=2), self._node_changed, unhealthy_taints=unhealthy_taints,
+
+        def watching() -> Kube:  # each watch on connections of its own
+            return Kube(connections=2, user_agent=agent)
+
+        self.pods = PodCache(watching(), namespaces, self._pods_changed)
+        self.jobs = JobWatch(watching(), namespaces, self._job_changed)
+        self.nodes = (NodeWatch(watching(), self._node_changed, unhealthy_taints=unhealthy_taints,
                                 exclusion_seconds=node_exclusion_seconds)
                       if node_watch else Unwatched())  # fmt: skip
         self.kueue = Kueue(self.kube)
-        self.workloads = WorkloadWatch(Kube(connections=2), namespaces, self.kueue, self._pods_changed)
+        self.workloads = WorkloadWatch(watching(), namespaces, self.kueue, self._pods_changed)
         self._stopped = threading.Event()
         self._loop_watch = LoopWatch(self._loop)
         self._sweeper = threading.Thread(target=self._sweep_workloads, daemon=True, name="workload-sweep")

@@ -13,7 +13,7 @@ import urllib3
 
 from ddpjob_contract.pods import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
 from ddpjob_operator import kube, metrics
-from ddpjob_operator.kube import Kube, Unreachable
+from ddpjob_operator.kube import Kube, Unreachable, user_agent
 
 
 class Answer:
@@ -127,3 +127,10 @@ def test_each_request_is_counted_by_verb_resource_and_code() -> None:
     api.create({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "train", "namespace": "ns"}})
     assert counted._value.get() == before + 1
     assert metrics.api_request("POST", "services", 409) is counted, "the labelled child is looked up once"
+
+
+def test_a_replica_names_itself_in_every_request_so_the_audit_log_tells_the_replicas_apart() -> None:
+    pool = Pool()
+    Kube(Client(pool), user_agent=user_agent("ddpjob-7f9c-abcde")).list_pods("ns", "train")
+    Kube(Client(pool)).list_pods("ns", "train")
+    assert [sent["headers"]["User-Agent"] for sent in pool.sent] == ["ddpjob-operator/ddpjob-7f9c-abcde", "test"]
