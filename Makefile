@@ -87,7 +87,7 @@ demo:
 bench: setup
 	$(PY) -m bench.run_all
 
-# 200 seeded chaos runs against the box, 4 at a time (bench/chaos.py; make test runs 4 of them), and 100 SIGKILLs of the
+# 200 seeded chaos runs against the box, 4 at a time (bench/chaos/; make test runs 4 of them), and 100 SIGKILLs of the
 # trainer inside its checkpoint writes (bench/checkpoint_kills.py; make test runs 2)
 soak: setup
 	$(PY) -m bench.checkpoint_kills --kills 100

@@ -24,13 +24,13 @@ WITHOUT_TORCH = textwrap.dedent(
     found = importlib.util.find_spec
     importlib.util.find_spec = lambda name, *a: None if name in ("torch", "torchvision") else found(name, *a)
 
-    from bench import chaos
+    from bench.chaos import runner
 
     def no_box(*args, **kwargs):
         raise RuntimeError("the soak started a box")
 
-    chaos.chaos_stack = no_box
-    chaos.main(["--runs", "1"])
+    runner.chaos_stack = no_box
+    runner.main(["--runs", "1"])
     """
 )
 

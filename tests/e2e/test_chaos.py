@@ -1,4 +1,4 @@
-"""The chaos soak's short seeded set (``bench/chaos.py``; ``make soak`` runs 200 of them).
+"""The chaos soak's short seeded set (``bench/chaos/``; ``make soak`` runs 200 of them).
 
 Each run restarts parts of the session's box (kubelet, kube-apiserver, etcd), kills or arms the
 operator, kills, hangs and deletes ranks, edits, suspends and deletes its job, or deletes the test's
@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from bench.chaos import FAULTS, RESTARTING, Stack, backoff_limit, drawn, soak
+from bench.chaos.faults import FAULTS, RESTARTING, drawn
+from bench.chaos.job import backoff_limit
+from bench.chaos.runner import soak
+from bench.chaos.stack import Stack
 from ddpjob_box.kubenode.node import KubeletNode
 from tests.conftest import Cluster
 from tests.e2e.conftest import Kubectl

@@ -11,23 +11,11 @@ from typing import Any, cast
 
 import pytest
 
-from bench import chaos
-from bench.chaos import (
-    ENDING,
-    FAULTS,
-    STEPS,
-    Overlaps,
-    Run,
-    backoff_limit,
-    drawn,
-    held,
-    log_excerpt,
-    never_started,
-    outcome_as_promised,
-    summary,
-    too_late,
-    wait_while_whole,
-)
+from bench.chaos import invariants, runner
+from bench.chaos.faults import ENDING, FAULTS, drawn
+from bench.chaos.invariants import held, never_started, outcome_as_promised, too_late, wait_while_whole
+from bench.chaos.job import STEPS, Run, backoff_limit
+from bench.chaos.runner import Overlaps, log_excerpt, summary
 from bench.common import STOPPING, wait_until
 
 
@@ -90,7 +78,8 @@ def test_a_deletion_is_the_last_fault_of_its_run_and_every_kind_is_drawn() -> No
 
 
 def test_with_kueue_the_draw_adds_preemption_and_a_kueue_restart_and_leaves_the_plain_draws_alone() -> None:
-    from bench.chaos import KUEUE_FAULTS, chaos_job
+    from bench.chaos.faults import KUEUE_FAULTS
+    from bench.chaos.job import chaos_job
 
     queued = {f for index in range(200) for f in drawn(1, index, kueue=True)[1]}
     assert queued == {*FAULTS, *KUEUE_FAULTS}
@@ -128,7 +117,7 @@ def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_th
 ) -> None:
     """Soak 7, run 1:0: the apiserver restarted twice while the deleted job's children were waited for;
     the garbage collector's time down is not the job's."""
-    monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(invariants, "RELIST_BACKOFF_SECONDS", 0.0)
     stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic() - 10)
     started, calls = time.monotonic(), []
 
@@ -145,7 +134,7 @@ def test_children_get_their_time_from_the_end_of_a_box_fault_that_came_during_th
 def test_children_get_the_informers_relist_backoff_after_a_box_fault(monkeypatch: pytest.MonkeyPatch) -> None:
     """Soak 10, run 1:93: after three apiserver restarts in 42 s the garbage collector deleted the children
     about 60 s after the apiserver was back; client-go's informers may wait that long before they list."""
-    monkeypatch.setattr(chaos, "RELIST_BACKOFF_SECONDS", 0.8)
+    monkeypatch.setattr(invariants, "RELIST_BACKOFF_SECONDS", 0.8)
     stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic())  # a fault that has just ended
     started = time.monotonic()
     assert wait_while_whole(stack, "the children to go", lambda: time.monotonic() - started > 1.0, 0.5)
@@ -157,7 +146,7 @@ def test_children_get_the_informers_relist_backoff_after_a_box_fault(monkeypatch
 
 
 def test_children_that_never_go_fail_the_run_even_while_faults_keep_coming(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chaos, "GONE_CAP_SECONDS", 1.0)
+    monkeypatch.setattr(invariants, "GONE_CAP_SECONDS", 1.0)
     stack: Any = SimpleNamespace(nodes_whole_since=0.0, whole_since=time.monotonic())
 
     def never() -> bool:
@@ -198,12 +187,12 @@ def test_an_interrupted_soak_stops_its_runs_waits_at_once(monkeypatch: pytest.Mo
         time.sleep(0.3)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(chaos, "guarded_run", blocked)
-    monkeypatch.setattr(chaos, "as_completed", interrupted)
+    monkeypatch.setattr(runner, "guarded_run", blocked)
+    monkeypatch.setattr(runner, "as_completed", interrupted)
     started = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            chaos.soak(cast(Any, None), 1, [0, 1], tmp_path / "runs.jsonl", parallel=2)
+            runner.soak(cast(Any, None), 1, [0, 1], tmp_path / "runs.jsonl", parallel=2)
     finally:
         STOPPING.clear()
     assert time.monotonic() - started < 5
@@ -241,7 +230,7 @@ def test_every_eighth_run_has_no_restart_to_spare() -> None:
 def test_a_trainer_container_that_never_ran_is_charged_to_the_kubelet_restart_that_caused_it() -> None:
     """Chaos --kueue run 1:19: the trainer container itself (not the init container) failed to start as another
     run's kubelet restart landed (exit 128, StartError): the operator's message says so, and the soak counts it."""
-    from bench.chaos import never_started
+    from bench.chaos.invariants import never_started
     from ddpjob_operator.status import Failure
 
     failure = Failure(rank=0, pod="j-0", exit_code=128, exit_reason="StartError",
@@ -252,7 +241,7 @@ def test_a_trainer_container_that_never_ran_is_charged_to_the_kubelet_restart_th
 
 
 def test_with_several_nodes_the_draw_adds_node_cuts_and_leaves_the_other_draws_alone() -> None:
-    from bench.chaos import NODE_FAULTS
+    from bench.chaos.faults import NODE_FAULTS
 
     assert {f for index in range(200) for f in drawn(1, index, nodes=3)[1]} == {*FAULTS, *NODE_FAULTS}
     assert [drawn(5, i)[1] for i in range(20)] == [drawn(5, i, nodes=1)[1] for i in range(20)], "replays draw the same"
