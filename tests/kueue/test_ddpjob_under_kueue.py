@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -166,9 +167,11 @@ class SlotWatch:
 
 def test_quota_runs_two_of_three_jobs_and_admits_the_third_when_one_finishes(cluster: Cluster) -> None:
     with SlotWatch(cluster) as watch:
-        for name in ("q1", "q2", "q3"):
+        for made, name in enumerate(("q1", "q2", "q3"), start=1):
             cluster.create(queued_job(name, slots=1, steps=60, args=["--slow-seconds", "0.3", "--slow-rank", "0"]))
-            time.sleep(1)  # Kueue orders a queue by creation time: q3 is the one that waits
+            # Kueue orders a queue by its Workloads' creation, which the operator makes: one after the other here,
+            # so q3 is the one that waits (an operator that starts late would make the three at once, in any order)
+            wait_for(f"{name}'s Workload", partial(_workloads_made, cluster, made), 120)
         wait_for("q1 and q2 to run", lambda: all(cluster.phase(j) in ("Running", "Rendezvous") for j in ("q1", "q2")),
                  300)  # fmt: skip
         said = cluster.condition("q3", "Queued")
@@ -185,6 +188,10 @@ def test_quota_runs_two_of_three_jobs_and_admits_the_third_when_one_finishes(clu
     assert len(workload) == 3 and all(
         any(c["type"] == "Finished" and c["status"] == "True" for c in w["status"]["conditions"]) for w in workload
     ), workload
+
+
+def _workloads_made(cluster: Cluster, count: int) -> bool:
+    return len(cluster.get(WORKLOADS)["items"]) == count
 
 
 def _step(cluster: Cluster, name: str) -> int:
