@@ -62,6 +62,8 @@ def test_two_replicas_elect_a_leader_on_a_lease_spread_over_nodes_under_a_disrup
     assert [a for a in container["args"] if a.startswith("--leader-elect")] == [
         "--leader-elect", "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10",
         "--leader-elect-retry-period=2", "--leader-elect-lease=ddpjob"]  # fmt: skip
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert deployment["spec"]["minReadySeconds"] == 5, "a rollout goes on only once the new standby runs for the Lease"
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     (spread,) = pod["topologySpreadConstraints"]
