@@ -287,6 +287,49 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
     }
 
 
+def run_backlog(box: Any, client: Api, peer: Peer, index: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The backlog variant (``--backlog``): every job created while the operator is stopped, then the operator
+    started; from its start to the last job's last pod. This measures the operator's own rate, not the client's."""
+    tag = f"{index}-{peer.name.split(',')[0].lower()}"
+    ns = f"peer-backlog-{tag}"
+    client.create_if_absent("/api/v1/namespaces", {"metadata": {"name": ns}})
+    watch = PodWatch(client, REPLICAS, selector=peer.selector, job_label=peer.job_label)
+    names = [f"j{i:05d}" for i in range(args.jobs)]
+    try:
+        errors = create_jobs(client, watch, ns, names, REPLICAS, 0, args.creators, body=peer.body, path=peer.path(ns))
+        started = time.perf_counter()
+        op = peer.start(box.plane.kubeconfig, args.out / f"{NAME}.{tag}.backlog.log")
+        try:
+            done = watch.wait([(ns, n) for n in names], args.timeout)
+            op.check_alive()
+        finally:
+            op.stop()
+        last = max((t.done for n in names if (t := watch.jobs[(ns, n)]).done), default=started)
+    finally:
+        watch.close()
+    seconds = last - started
+    log(f"  {peer.name}: a backlog of {args.jobs} jobs, {done} with all pods {seconds:.1f}s after its start, "
+        f"{len(errors)} create errors")  # fmt: skip
+    delete_namespace(client, ns)
+    return {"operator": peer.name, "jobs": args.jobs, "done": done, "create_errors": errors[:10], "seconds": seconds,
+            "jobs_per_s": done / seconds if seconds > 0 else float("nan")}  # fmt: skip
+
+
+def backlog_report(runs: Mapping[str, list[dict[str, Any]]], ours: str, theirs: str, args: argparse.Namespace) -> str:
+    median, low, high = ratio_spread([r["jobs_per_s"] for r in runs[ours]], [r["jobs_per_s"] for r in runs[theirs]])
+    rows = [[n, ", ".join(f"{r['seconds']:.1f}" for r in runs[n]), ", ".join(f"{r['jobs_per_s']:.1f}" for r in runs[n])]
+            for n in (ours, theirs)]  # fmt: skip
+    return "\n".join([
+        f"### A backlog: {args.jobs} jobs x {REPLICAS} pods created while the operator is stopped, then it starts "
+        f"({args.pairs} alternating pairs; box control plane without a node)",
+        "",
+        table(["operator", "its start -> every job's pods (s)", "jobs/s"], rows),
+        "",
+        f"{ours} / {theirs}, jobs/s, median of pairs: {median:.2f}x ({low:.2f}-{high:.2f}); target >= 1.5x: "
+        f"{_met(median >= 1.5)}",
+    ])  # fmt: skip
+
+
 def _peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -410,6 +453,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile", action="store_true", help="one more DDPJob run, under py-spy (--gil)")
     parser.add_argument("--apiserver-profile", action="store_true",
                         help="the apiserver's CPU profile (pprof) in each load; its top in the report")  # fmt: skip
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="only the backlog variant: the jobs created while the operator is stopped, then it starts",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON, markdown and logs")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -429,6 +477,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         install_training_operator(client)
         theirs = training_operator(client)
         order = 0
+        if args.backlog:
+            for pair in range(args.pairs):
+                for peer in (ours, theirs) if pair % 2 == 0 else (theirs, ours):
+                    order += 1
+                    runs.setdefault(peer.name, []).append(run_backlog(box, client, peer, order, args))
+            markdown = backlog_report(runs, ours.name, theirs.name, args)
+            data = {"name": NAME, "machine": machine(), "settings": vars(args) | {"out": str(args.out)}, "runs": runs}
+            return publish(f"{NAME}_backlog", data, markdown, args.out, [])
         for pair in range(args.pairs):
             for peer in (ours, theirs) if pair % 2 == 0 else (theirs, ours):
                 order += 1

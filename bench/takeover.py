@@ -10,6 +10,12 @@ point between two renewals, creates a 2-rank DDPJob at once, and times from the 
 job's first pod: the standby took the Lease and reconciled the job, its first write that a client sees. The
 killed replica then starts again, as the new standby. A takeover within the lease duration plus 2 s is the target.
 
+Then ``--hangs`` trials of a leader that freezes (SIGSTOP: a stalled process, a paused VM, a node whose clock and
+network stall) with a job's reconcile in flight, past the lease duration, then goes on (SIGCONT). The standby takes
+over; the old leader must send no write after its renew deadline, not even the ones it had queued: the apiserver's
+audit log (every request, with its User-Agent, ``ddpjob-operator/<identity>``) says which writes it received from
+the old leader and when. It must then exit, to come back as a standby.
+
 Then the standby's cost: ``--jobs`` DDPJobs created and given their pods by the leader; the standby's CPU over
 ``--window`` seconds and its RSS, beside the leader's.
 """
@@ -17,13 +23,16 @@ Then the standby's cost: ``--jobs`` DDPJobs created and given their pods by the 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
+import subprocess
 import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +76,22 @@ class Replica:
 
 
 @dataclass
+class Hang:
+    stopped_s: float
+    """How long the leader was frozen."""
+    took_over_s: float
+    """From the freeze to the new leader's first pod of the job created after it."""
+    late_writes: list[str]
+    """Writes the apiserver received from the old leader after its renew deadline (the target: none)."""
+    refused_writes: int
+    """Writes the old leader's fence refused once it went on (its log)."""
+    exited: bool
+    """The old leader exited after it went on (to come back as a standby)."""
+
+
+@dataclass
 class Figures:
+    hangs: list[Hang]
     takeovers_s: list[float]
     jobs: int
     window_s: float
@@ -103,11 +127,7 @@ def trial(client: Api, kubeconfig: Path, logs: Path, replicas: dict[str, Replica
     a while (as it would have on a cluster), and the kill falls anywhere between two of the leader's renewals."""
     leader = wait_for_leader(client, replicas)
     (standby,) = [r for r in replicas.values() if r is not leader]
-    deadline = time.monotonic() + 60
-    while not standby.standing_by():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{standby.identity} did not start within 60 s; its log:\n{standby.process.log_tail()}")
-        time.sleep(0.2)
+    wait_standing_by(standby)
     time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
     watch = PodWatch(client, 1)
     name = f"takeover-{n:03d}"
@@ -125,6 +145,75 @@ def trial(client: Api, kubeconfig: Path, logs: Path, replicas: dict[str, Replica
     again = Replica(kubeconfig, logs, f"replica-{n + 2}")
     replicas[again.identity] = again
     return took
+
+
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def writes_after(log: Path, agent: str, since: float) -> list[str]:
+    """The writes the apiserver received from ``agent`` at or after ``since`` (seconds since the epoch): when, the
+    verb, the object and the answer's code."""
+    found = []
+    for raw in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        try:
+            event = json.loads(raw)
+            received = datetime.fromisoformat(event.get("requestReceivedTimestamp", "")).timestamp()
+        except ValueError:
+            continue
+        if event.get("userAgent") == agent and event.get("verb") in WRITES and received >= since:
+            ref = event.get("objectRef") or {}
+            what = (
+                f"{ref.get('resource')}{'/' + ref['subresource'] if ref.get('subresource') else ''}/{ref.get('name')}"
+            )
+            code = (event.get("responseStatus") or {}).get("code")
+            found.append(f"+{received - since:.2f}s {event.get('verb')} {what} -> {code}")
+    return found
+
+
+def hang(client: Api, plane: Any, kubeconfig: Path, logs: Path, replicas: dict[str, Replica], n: int) -> Hang:
+    """Freeze the leader with a reconcile in flight, past its lease; let it go on once the standby leads."""
+    leader = wait_for_leader(client, replicas)
+    (standby,) = [r for r in replicas.values() if r is not leader]
+    wait_standing_by(standby)
+    time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
+    watch = PodWatch(client, 1)
+    before, after = f"hang-{n:03d}-before", f"hang-{n:03d}-after"
+    try:
+        client.post(jobs_path(NAMESPACE), job_body(before, 4))  # its reconcile is under way as the leader stops
+        time.sleep(random.uniform(0.0, 0.05))
+        stopped, stopped_wall = time.perf_counter(), time.time()
+        leader.process.proc.send_signal(signal.SIGSTOP)
+        client.post(jobs_path(NAMESPACE), job_body(after, 2))
+        if not watch.wait([(NAMESPACE, after)], timeout=120):
+            raise RuntimeError(f"{after} got no pod within 120 s of the leader's freeze")
+        took = watch.job(NAMESPACE, after).done - stopped
+        time.sleep(2.0)
+        frozen = time.perf_counter() - stopped
+        leader.process.proc.send_signal(signal.SIGCONT)
+        try:
+            leader.process.proc.wait(timeout=60)
+            exited = True
+        except subprocess.TimeoutExpired:
+            exited = False
+    finally:
+        watch.close()
+    time.sleep(2.0)  # the audit log is written as each request completes
+    deadline = stopped_wall + TIMING["renew-deadline"]
+    late = writes_after(plane.audit_log, f"ddpjob-operator/{leader.identity}", deadline)
+    refused = leader.process.log().count("is not the leader: the write was not sent")
+    leader.process.stop()
+    del replicas[leader.identity]
+    again = Replica(kubeconfig, logs, f"replica-h{n}")
+    replicas[again.identity] = again
+    return Hang(round(frozen, 2), round(took, 2), late, refused, exited)
+
+
+def wait_standing_by(standby: Replica) -> None:
+    deadline = time.monotonic() + 60
+    while not standby.standing_by():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{standby.identity} did not start within 60 s; its log:\n{standby.process.log_tail()}")
+        time.sleep(0.2)
 
 
 def standby_cost(client: Api, replicas: dict[str, Replica], jobs: int, window: float) -> tuple[float, ...]:
@@ -152,10 +241,14 @@ def standby_cost(client: Api, replicas: dict[str, Replica], jobs: int, window: f
 def main(argv: Sequence[str] | None = None) -> Figures:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--hangs", type=int, default=5, help="trials of a leader frozen past its lease, then let go")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs held while the standby's cost is measured")
     parser.add_argument("--window", type=float, default=60.0, help="seconds the CPU is counted over")
     args = parser.parse_args(argv)
-    with control_plane_with_crd() as (plane, client), tempfile.TemporaryDirectory(prefix="ddpjob-takeover-") as tmp:
+    with (
+        control_plane_with_crd(audit_requests=True) as (plane, client),
+        tempfile.TemporaryDirectory(prefix="ddpjob-takeover-") as tmp,
+    ):
         logs = Path(tmp)
         replicas = {f"replica-{i}": Replica(plane.kubeconfig, logs, f"replica-{i}") for i in (0, 1)}
         takeovers: list[float] = []
@@ -164,11 +257,16 @@ def main(argv: Sequence[str] | None = None) -> Figures:
                 took = trial(client, plane.kubeconfig, logs, replicas, n)
                 log(f"trial {n + 1}: leader killed -> the job's first pod {took:.2f}s")
                 takeovers.append(took)
+            hangs: list[Hang] = []
+            for n in range(args.hangs):
+                frozen = hang(client, plane, plane.kubeconfig, logs, replicas, n)
+                log(f"hang {n + 1}: {frozen}")
+                hangs.append(frozen)
             cost = standby_cost(client, replicas, args.jobs, args.window)
         finally:
             for replica in replicas.values():
                 replica.process.stop()
-    figures = Figures(takeovers, args.jobs, args.window, *cost)
+    figures = Figures(hangs, takeovers, args.jobs, args.window, *cost)
     report(figures)
     return figures
 
@@ -180,6 +278,13 @@ def report(f: Figures) -> None:
          f"{percentile(f.takeovers_s, 99):.1f}", f"{max(f.takeovers_s):.1f}", f"<= {target:g}"],
     ]  # fmt: skip
     markdown = table(["from -> to", "trials", "median s", "p99 s", "max s", "target s"], rows)
+    if f.hangs:
+        markdown += "\n\n" + table(
+            ["leader frozen s", "frozen -> a new job's first pod s", "writes received after its renew deadline",
+             "writes its fence refused", "it exited"],
+            [[h.stopped_s, h.took_over_s, len(h.late_writes), h.refused_writes, "yes" if h.exited else "NO"]
+             for h in f.hangs],
+        )  # fmt: skip
     markdown += "\n\n" + table(
         ["jobs held", "window s", "leader CPU", "standby CPU", "leader RSS MiB", "standby RSS MiB"],
         [[f.jobs, f"{f.window_s:g}", f"{f.leader_cpu_share:.1%}", f"{f.standby_cpu_share:.1%}",

@@ -176,9 +176,11 @@ class Kube:
             url += "?" + "&".join(f"{k}={quote(str(v))}" for k, v in query)  # as the generated client encodes them
         limit = (urllib3.Timeout(total=timeout) if isinstance(timeout, int | float)
                  else urllib3.Timeout(connect=timeout[0], read=timeout[1]))  # fmt: skip
+        data = None if body is None else orjson.dumps(body)
+        if method != "GET":
+            self._fence.check()  # a write passes the fence as late as it can: as it is sent
         try:
-            return self._pool.urlopen(method, url, body=None if body is None else orjson.dumps(body), headers=headers,
-                                      timeout=limit, preload_content=False)  # fmt: skip
+            return self._pool.urlopen(method, url, body=data, headers=headers, timeout=limit, preload_content=False)
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
             raise Unreachable(0, f"{method} {path}: the apiserver did not answer ({reason})") from None
@@ -193,10 +195,7 @@ class Kube:
         content_type: str = "application/json",
         read: bool = True,
     ) -> Any:
-        """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU). A write
-        passes the fence first."""
-        if method != "GET":
-            self._fence.check()
+        """The answer, decoded (None when empty, or when not ``read``: decoding is most of a request's CPU)."""
         response = self._call(method, path, body, query, content_type, self._timeout)
         metrics.api_request(method, _resource(path), response.status).inc()
         raw = response.data

@@ -252,6 +252,8 @@ class Elector:
             self._expires = self._observed[2] + duration
             return False  # held, and renewed within its duration as this replica has seen it
         self._expires = float("inf")
+        if self._leading and self._clock() >= self._valid_until:
+            return False  # past its deadline (frozen since the GET, say): a leader that was fenced writes no renewal
         try:
             self._held = self._api.replace_lease(self._record(lease))
         except Conflict:
