@@ -34,6 +34,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Kopf scans namespaces and CRDs to expand patterns; a plain list needs no scan, and the
     # namespaced chart grants no cluster-wide list rights (it would log Forbidden on every try).
     settings.scanning.disabled = bool(scope) and not namespaces.any_pattern(scope)
+    leader = _leader(memo.get("election"))
     try:
         memo.runtime = Runtime(
             scope,
@@ -44,9 +45,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             unhealthy_taints=list(memo.get("unhealthy_taints") or node_loss.UNHEALTHY_TAINTS),
             node_exclusion_seconds=float(memo.get("node_exclusion_seconds") or node_health.EXCLUSION_SECONDS),
             node_watch=bool(memo.get("node_watch", True)),
-            leader=_leader(memo.get("election")),
+            leader=leader,
         )
     except (Unreachable, DDPJobsNotServed) as err:  # started while the apiserver restarts: one line, and soon again
+        leader.stop()  # never started: its client is closed, and it holds nothing
         # (not in 60 s). DDPJobsNotServed matters most: with scanning off, Kopf looks up the DDPJob API once, right
         # after this handler, and a job it did not find then is never watched (chaos soak 8, runs 1:31 to 1:34).
         again = STARTUP_RETRY_SECONDS

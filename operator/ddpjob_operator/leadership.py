@@ -91,6 +91,8 @@ class LeaseApi(Protocol):
 
     def replace_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -191,7 +193,8 @@ class Elector:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop trying; a leader releases the Lease, so a standby takes over at its next try."""
+        """Stop trying (started or not); a leader releases the Lease, so a standby takes over at its next try. Its
+        client is closed."""
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._timing.retry_period + 5.0)
@@ -207,6 +210,7 @@ class Elector:
                             self._namespace, self._name, err)  # fmt: skip
         self._leading = False
         metrics.LEADER.set(0)
+        self._api.close()
 
     def _run(self) -> None:
         while not self._stopped.is_set():

@@ -33,6 +33,9 @@ class Leases:
             raise Conflict(409, "changed")
         return self._store(lease)
 
+    def close(self) -> None:
+        pass
+
     def _store(self, lease: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1
         self.lease = {**lease, "metadata": {**lease["metadata"], "resourceVersion": str(self.version)}}
