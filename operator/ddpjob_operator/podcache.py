@@ -78,7 +78,7 @@ def _keep_the_schedulers_words(known: Pod | None, fresh: Pod) -> Pod:
     nvidia.com/gpu'), and it may overwrite them with the gang's count ('minCount (2) cannot be satisfied') a moment
     later, before a reconcile reads the pod: while the same pod stays unschedulable, its words are kept."""
     old, new = (pod_condition((p or {}).get("status") or {}, "PodScheduled") for p in (known, fresh))
-    kept = _uid(known) == _uid(fresh) and is_unschedulable(old) and is_unschedulable(new)
+    kept = uid(known) == uid(fresh) and is_unschedulable(old) and is_unschedulable(new)
     if not kept or gang.says_why(str(new.get("message") or "")) or not gang.says_why(str(old.get("message") or "")):
         return fresh
     conditions = [{**c, "message": old["message"]} if c is new else c for c in fresh["status"]["conditions"]]
@@ -159,7 +159,7 @@ class PodIndex:
                 changed = not _same(known, fresh)
                 pods[meta["name"]] = fresh
             else:
-                if _uid(known) == meta.get("uid"):  # not a newer pod of the same name
+                if uid(known) == meta.get("uid"):  # not a newer pod of the same name
                     del pods[meta["name"]]
                 step = _stopped_step(pod)
                 if step is not None and step >= self._stopped.get(key, (-1, {}))[0]:
@@ -181,7 +181,7 @@ class PodIndex:
         with self._lock:
             pods = self._jobs.setdefault(key, {})
             known = pods.get(name)
-            if _uid(known) != pod["metadata"].get("uid") or newer(pod, known):
+            if uid(known) != pod["metadata"].get("uid") or newer(pod, known):
                 pods[name] = slim(pod)
 
     def replace(self, namespace: str, pods: Iterable[Pod]) -> set[Key]:
@@ -209,7 +209,8 @@ def newer(pod: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
     return (len(versions[0]), versions[0]) > (len(versions[1]), versions[1])
 
 
-def _uid(pod: Pod | None) -> str | None:
+def uid(pod: Mapping[str, Any] | None) -> str | None:
+    """An object's uid (None for no object)."""
     return (pod.get("metadata") or {}).get("uid") if pod is not None else None
 
 

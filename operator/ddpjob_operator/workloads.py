@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ddpjob_contract import kueue
-from ddpjob_contract.pods import LABEL_JOB_NAME
 from ddpjob_operator.api import Key
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch, NotYet
-from ddpjob_operator.podcache import newer
+from ddpjob_operator.podcache import job_key, newer, uid
 
 Workload = dict[str, Any]
 
@@ -54,13 +53,6 @@ class WorkloadSource(Protocol):
     def list_workloads(self, namespace: str) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_workloads(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]: ...
-
-
-def job_of(workload: Mapping[str, Any]) -> Key | None:
-    """The job a Workload of ours belongs to, by the label ``builders.workload`` gives it."""
-    meta = workload.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
-    return (str(meta.get("namespace", "")), str(job)) if job else None
 
 
 def _slim(workload: Mapping[str, Any]) -> Workload:
@@ -104,8 +96,8 @@ class Kueue:
 
     def workload(self, namespace: str, name: str) -> Workload | None:
         """The Workload, or None; ``kube.NotServed`` when Kueue is not installed (known only before a LIST)."""
-        if self.watched(namespace):
-            with self._lock:
+        with self._lock:
+            if _covers(self._listed, namespace):
                 return self._workloads.get((namespace, name))
         return self._api.get_workload(namespace, name)
 
@@ -121,7 +113,7 @@ class Kueue:
         """(namespace, name, job) of the Workloads being deleted that still hold Kueue's finalizer, as last seen."""
         with self._lock:
             held = [(where, w) for where, w in self._workloads.items() if _held(w)]
-        return [(*where, key) for where, w in held if (key := job_of(w)) is not None]
+        return [(*where, key) for where, w in held if (key := job_key(w)) is not None]
 
     # Writes
 
@@ -159,31 +151,33 @@ class Kueue:
     def replace(self, scope: str, workloads: Sequence[Mapping[str, Any]]) -> set[Key]:
         """A LIST of ``scope`` ("": all): it replaces what was known there; returns every job it touched."""
         with self._lock:
-            stale = [self._workloads.pop(w) for w in [w for w in self._workloads if not scope or w[0] == scope]]
+            stale = [self._workloads.pop(w) for w in self._in_scope(scope)]
             fresh = {_where(w): _slim(w) for w in workloads}
             self._workloads.update(fresh)
             self._listed.add(scope)
-        return {key for w in (*stale, *fresh.values()) if (key := job_of(w)) is not None}
+        return {key for w in (*stale, *fresh.values()) if (key := job_key(w)) is not None}
 
     def unlisted(self, scope: str) -> None:
         """The apiserver no longer serves Workloads: read by GET again, which says so."""
         with self._lock:
             self._listed.discard(scope)
-            for where in [w for w in self._workloads if not scope or w[0] == scope]:
+            for where in self._in_scope(scope):
                 del self._workloads[where]
+
+    def _in_scope(self, scope: str) -> list[tuple[str, str]]:
+        """The Workloads known in ``scope`` ("": all); the caller holds the lock."""
+        return [w for w in self._workloads if not scope or w[0] == scope]
 
     def took(self, kind: str, workload: Mapping[str, Any]) -> Key | None:
         """A watch event; the job it concerns."""
         where = _where(workload)
         with self._lock:
             if kind == "DELETED":
-                known = self._workloads.get(where)
-                if known is not None and (known.get("metadata") or {}).get("uid") == (workload.get("metadata") or
-                                                                                     {}).get("uid"):  # fmt: skip
+                if where in self._workloads and uid(self._workloads[where]) == uid(workload):  # not a newer one
                     del self._workloads[where]
             else:
                 self._workloads[where] = _slim(workload)
-        return job_of(workload)
+        return job_key(workload)
 
 
 class WorkloadWatch(ListWatch):
