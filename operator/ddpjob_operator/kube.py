@@ -356,8 +356,11 @@ class Kube:
 
     # Kueue's Workloads
 
-    def _workload_path(self, namespace: str, name: str) -> str:
-        return f"/apis/{kueue.API_VERSION}/namespaces/{quote(namespace)}/workloads/{quote(name)}"
+    def _workload_path(self, namespace: str, name: str = "") -> str:
+        """A Workload's path; without ``name`` the Workloads of ``namespace`` ("": all namespaces)."""
+        scope = f"/namespaces/{quote(namespace)}" if namespace else ""
+        workloads = f"/apis/{kueue.API_VERSION}{scope}/workloads"
+        return f"{workloads}/{quote(name)}" if name else workloads
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Workload, or None; ``NotServed`` when Kueue is not installed."""
@@ -388,15 +391,12 @@ class Kube:
 
     def list_workloads(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
         """Our Workloads (the operator's label) in ``namespace`` ("": all), and the list's resourceVersion."""
-        data = self._request("GET", self._workloads_path(namespace), query=[("labelSelector", _MANAGED)])
+        data = self._request("GET", self._workload_path(namespace), query=[("labelSelector", _MANAGED)])
         return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
 
     def watch_workloads(self, namespace: str, version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(type, Workload) for each change after ``version``, as ``watch_managed_pods``."""
-        return self._watch(self._workloads_path(namespace), [("labelSelector", _MANAGED)], version, seconds)
-
-    def _workloads_path(self, namespace: str) -> str:
-        return f"/apis/{kueue.API_VERSION}" + (f"/namespaces/{quote(namespace)}" if namespace else "") + "/workloads"
+        return self._watch(self._workload_path(namespace), [("labelSelector", _MANAGED)], version, seconds)
 
     def release_workload(self, namespace: str, name: str, tries: int = 5) -> None:
         """Drop Kueue's resource-in-use finalizer (gone already: done). The patch names the resourceVersion read, so

@@ -198,17 +198,17 @@ class Elector:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._timing.retry_period + 5.0)
-        if self.leads() and self._held is not None:
-            released = {**self._held, "spec": {**self._held["spec"], "holderIdentity": "", "leaseDurationSeconds": 1,
-                                               "renewTime": _now_text()}}  # fmt: skip
-            self._leading = False
+        releasing = self._held if self.leads() else None
+        self._leading = False  # from here on, no write passes its fence
+        if releasing is not None:
+            released = {**releasing, "spec": {**releasing["spec"], "holderIdentity": "", "leaseDurationSeconds": 1,
+                                              "renewTime": _now_text()}}  # fmt: skip
             try:
                 self._api.replace_lease(released)
                 log.info("released the leader Lease %s/%s", self._namespace, self._name)
             except KubeError as err:
                 log.warning("could not release the leader Lease %s/%s (%s): a standby takes over when it expires",
                             self._namespace, self._name, err)  # fmt: skip
-        self._leading = False
         metrics.LEADER.set(0)
         self._api.close()
 
