@@ -227,12 +227,7 @@ class Operator(OperatorProcess):
 
     def memory_mb(self) -> dict[str, float]:
         """VmHWM (peak resident set) and VmRSS (now), in MiB."""
-        out = {}
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(value.split()[0]) / 1024
-        return out
+        return memory_mib(self.pid)
 
     def reconciles(self) -> apiserver.Histogram:
         """The operator's ``ddpjob_operator_reconcile_duration_seconds`` histogram, now."""
@@ -245,6 +240,16 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """A process's VmHWM (peak resident set) and VmRSS (now), in MiB, from /proc."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
 
 
 def machine_cpu_seconds() -> float:

@@ -256,7 +256,7 @@ def run_once(box: Any, client: Api, peer: Peer, index: int, args: argparse.Names
             profiler.stop()
         slices = pprof.stop() if pprof else []
         cpu = meter.used()
-        rss = _peak_rss_mb(op.pid)
+        rss = operator_scale.memory_mib(op.pid).get("VmHWM", float("nan"))
         reconciled = op.reconciles().minus(reconciles).count if isinstance(op, Operator) and reconciles else None
         after = apiserver.request_durations(client.raw("GET", "/metrics").decode())
         op.check_alive()
@@ -328,13 +328,6 @@ def backlog_report(runs: Mapping[str, list[dict[str, Any]]], ours: str, theirs: 
         f"{ours} / {theirs}, jobs/s, median of pairs: {median:.2f}x ({low:.2f}-{high:.2f}); target >= 1.5x: "
         f"{_met(median >= 1.5)}",
     ])  # fmt: skip
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 # ---------------------------------------------------------------- figures (pure)

@@ -38,7 +38,15 @@ from typing import Any
 
 from bench.apiserver import Api, ApiError
 from bench.common import log, machine, percentile, table, write_results
-from bench.operator_scale import PodWatch, control_plane_with_crd, cpu_seconds, create_jobs, job_body, jobs_path
+from bench.operator_scale import (
+    PodWatch,
+    control_plane_with_crd,
+    cpu_seconds,
+    create_jobs,
+    job_body,
+    jobs_path,
+    memory_mib,
+)
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.ports import free_port
 
@@ -67,12 +75,6 @@ class Replica:
                 return "\nddpjob_operator_leader 0.0" in response.read().decode()
         except OSError:
             return False
-
-    def memory_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
 
 
 @dataclass
@@ -125,10 +127,7 @@ def wait_for_leader(client: Api, replicas: dict[str, Replica], timeout: float = 
 def trial(client: Api, kubeconfig: Path, logs: Path, replicas: dict[str, Replica], n: int) -> float:
     """SIGKILL the leader, create a job at once; seconds from the kill to its first pod. The standby has run for
     a while (as it would have on a cluster), and the kill falls anywhere between two of the leader's renewals."""
-    leader = wait_for_leader(client, replicas)
-    (standby,) = [r for r in replicas.values() if r is not leader]
-    wait_standing_by(standby)
-    time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
+    leader = settled_leader(client, replicas)
     watch = PodWatch(client, 1)
     name = f"takeover-{n:03d}"
     try:
@@ -141,9 +140,7 @@ def trial(client: Api, kubeconfig: Path, logs: Path, replicas: dict[str, Replica
         took = watch.job(NAMESPACE, name).done - killed
     finally:
         watch.close()
-    del replicas[leader.identity]
-    again = Replica(kubeconfig, logs, f"replica-{n + 2}")
-    replicas[again.identity] = again
+    replace(replicas, leader, Replica(kubeconfig, logs, f"replica-{n + 2}"))
     return took
 
 
@@ -172,10 +169,7 @@ def writes_after(log: Path, agent: str, since: float) -> list[str]:
 
 def hang(client: Api, plane: Any, kubeconfig: Path, logs: Path, replicas: dict[str, Replica], n: int) -> Hang:
     """Freeze the leader with a reconcile in flight, past its lease; let it go on once the standby leads."""
-    leader = wait_for_leader(client, replicas)
-    (standby,) = [r for r in replicas.values() if r is not leader]
-    wait_standing_by(standby)
-    time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
+    leader = settled_leader(client, replicas)
     watch = PodWatch(client, 1)
     before, after = f"hang-{n:03d}-before", f"hang-{n:03d}-after"
     try:
@@ -202,10 +196,24 @@ def hang(client: Api, plane: Any, kubeconfig: Path, logs: Path, replicas: dict[s
     late = writes_after(plane.audit_log, f"ddpjob-operator/{leader.identity}", deadline)
     refused = leader.process.log().count("is not the leader: the write was not sent")
     leader.process.stop()
-    del replicas[leader.identity]
-    again = Replica(kubeconfig, logs, f"replica-h{n}")
-    replicas[again.identity] = again
+    replace(replicas, leader, Replica(kubeconfig, logs, f"replica-h{n}"))
     return Hang(round(frozen, 2), round(took, 2), late, refused, exited)
+
+
+def settled_leader(client: Api, replicas: dict[str, Replica]) -> Replica:
+    """The leader, once the standby has run for a while (as it would have on a cluster); returned at a random point
+    between two of the leader's renewals."""
+    leader = wait_for_leader(client, replicas)
+    (standby,) = [r for r in replicas.values() if r is not leader]
+    wait_standing_by(standby)
+    time.sleep(3.0 + random.uniform(0.0, TIMING["retry-period"]))
+    return leader
+
+
+def replace(replicas: dict[str, Replica], gone: Replica, new: Replica) -> None:
+    """The replica that was killed or frozen gives way to a new one, the next standby."""
+    del replicas[gone.identity]
+    replicas[new.identity] = new
 
 
 def wait_standing_by(standby: Replica) -> None:
@@ -234,8 +242,8 @@ def standby_cost(client: Api, replicas: dict[str, Replica], jobs: int, window: f
     before = {r.identity: cpu_seconds(r.process.pid) for r in (leader, standby)}
     time.sleep(window)
     used = {r.identity: cpu_seconds(r.process.pid) - before[r.identity] for r in (leader, standby)}
-    return (used[leader.identity] / window, used[standby.identity] / window, leader.memory_mib(),
-            standby.memory_mib())  # fmt: skip
+    rss = [memory_mib(r.process.pid).get("VmRSS", float("nan")) for r in (leader, standby)]
+    return used[leader.identity] / window, used[standby.identity] / window, *rss
 
 
 def main(argv: Sequence[str] | None = None) -> Figures:
