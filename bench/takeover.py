@@ -23,7 +23,6 @@ Then the standby's cost: ``--jobs`` DDPJobs created and given their pods by the 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import signal
 import subprocess
@@ -32,7 +31,6 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from bench.operator_scale import (
     jobs_path,
     memory_mib,
 )
+from ddpjob_box import audit
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.ports import free_port
 
@@ -151,19 +150,13 @@ def writes_after(log: Path, agent: str, since: float) -> list[str]:
     """The writes the apiserver received from ``agent`` at or after ``since`` (seconds since the epoch): when, the
     verb, the object and the answer's code."""
     found = []
-    for raw in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        try:
-            event = json.loads(raw)
-            received = datetime.fromisoformat(event.get("requestReceivedTimestamp", "")).timestamp()
-        except ValueError:
-            continue
-        if event.get("userAgent") == agent and event.get("verb") in WRITES and received >= since:
+    for event, when in audit.received(log, since):
+        if event.get("userAgent") == agent and event.get("verb") in WRITES:
             ref = event.get("objectRef") or {}
-            what = (
-                f"{ref.get('resource')}{'/' + ref['subresource'] if ref.get('subresource') else ''}/{ref.get('name')}"
-            )
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            what = f"{ref.get('resource')}{sub}/{ref.get('name')}"
             code = (event.get("responseStatus") or {}).get("code")
-            found.append(f"+{received - since:.2f}s {event.get('verb')} {what} -> {code}")
+            found.append(f"+{when - since:.2f}s {event.get('verb')} {what} -> {code}")
     return found
 
 

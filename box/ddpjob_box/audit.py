@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -88,27 +90,29 @@ def removals(log: Path, namespace: str, owner: str) -> list[str]:
     return lines
 
 
+def received(log: Path, since: float) -> Iterator[tuple[dict[str, Any], float]]:
+    """Each recorded request the apiserver received at or after ``since`` (seconds since the epoch), with that time;
+    lines cut short by a kill are passed over."""
+    if not log.exists():
+        return
+    for raw in log.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(raw)
+            when = datetime.fromisoformat(event.get("requestReceivedTimestamp", "")).timestamp()
+        except ValueError:
+            continue
+        if when >= since:
+            yield event, when
+
+
 def requests(log: Path, *, since: float, user: str, skip_agents: tuple[str, ...] = ()) -> Counter[tuple[str, str]]:
     """How many requests ``user`` made, received at or after ``since`` (seconds since the epoch), by (verb, resource
     [/subresource]); those whose user agent starts with one of ``skip_agents`` are left out. Needs REQUESTS_POLICY."""
     counts: Counter[tuple[str, str]] = Counter()
-    if not log.exists():
-        return counts
-    for raw in log.read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(raw)
-        except ValueError:  # a line cut short by a kill
-            continue
+    for event, _ in received(log, since):
         if (event.get("user") or {}).get("username") != user or event.get("stage") != "ResponseComplete":
             continue
         if str(event.get("userAgent", "")).startswith(skip_agents):
-            continue
-        received = event.get("requestReceivedTimestamp", "")
-        try:
-            when = datetime.fromisoformat(received).timestamp()
-        except ValueError:
-            continue
-        if when < since:
             continue
         ref = event.get("objectRef") or {}
         resource = ref.get("resource") or event.get("requestURI", "?").split("?")[0]
