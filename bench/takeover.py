@@ -277,7 +277,7 @@ def report(f: Figures) -> None:
     rows: list[list[Any]] = [
         ["leader SIGKILLed -> a new job's first pod", len(f.takeovers_s), f"{percentile(f.takeovers_s, 50):.1f}",
          f"{percentile(f.takeovers_s, 99):.1f}", f"{max(f.takeovers_s):.1f}", f"<= {target:g}"],
-    ]  # fmt: skip
+    ] if f.takeovers_s else []  # fmt: skip
     markdown = table(["from -> to", "trials", "median s", "p99 s", "max s", "target s"], rows)
     if f.hangs:
         markdown += "\n\n" + table(
