@@ -201,6 +201,10 @@ def test_the_operator_pod_asks_for_nothing_pod_security_restricted_forbids() -> 
     }
     assert container["image"] == "ghcr.io/ddpjob/operator:0.1.0"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    # liveness is held back until the operator has answered once, for up to 2 minutes of a slow start
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
     assert all("hostPath" not in v for v in pod.get("volumes", []))

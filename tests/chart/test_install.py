@@ -395,9 +395,12 @@ def test_kubelets_liveness_probe_of_the_operator_passes(release: Release) -> Non
     pod = release.operator_pod()
     probe = pod.spec.containers[0].liveness_probe
     assert probe.http_get.path == "/healthz"
-    # Past the first probes: kubelet would have restarted the container after failureThreshold misses.
-    wait = probe.initial_delay_seconds + probe.period_seconds * (probe.failure_threshold + 1)
-    time.sleep(max(0, wait - (time.time() - pod.status.start_time.timestamp())))
+    assert pod.spec.containers[0].startup_probe.http_get.path == "/healthz"
+    # Liveness runs from the first startup success (at the latest, when the pod turned Ready). Past its first probes:
+    # kubelet would have restarted the container after failureThreshold misses.
+    (ready,) = [c for c in pod.status.conditions if c.type == "Ready"]
+    wait = (probe.initial_delay_seconds or 0) + probe.period_seconds * (probe.failure_threshold + 1)
+    time.sleep(max(0, wait - (time.time() - ready.last_transition_time.timestamp())))
     pod = release.operator_pod()
     (status,) = pod.status.container_statuses
     assert status.ready and status.restart_count == 0, status
