@@ -20,6 +20,7 @@ from ddpjob_box.kueue import Kueue
 from ddpjob_box.processes import Component
 from ddpjob_box.prometheus import Prometheus
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS, STORAGE_CLASS, storage_class
+from ddpjob_box.topology import Level, node_labels
 
 NODE_NAME = "box-node"
 SLOT_RESOURCE = "example.com/slot"
@@ -41,6 +42,8 @@ class Box:
     slots: int | None = None
     # Nodes: the first one runs kube-proxy and the box's one CoreDNS; the others, named box-node-1..., use them
     node_count: int = 1
+    # The nodes' places in racks and blocks (``--topology``, ddpjob_box.topology); with Kueue, its Topology too
+    topology: tuple[Level, ...] = ()
     # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
     with_proxy: bool = True
     # Flags of the controller-manager (a shorter --node-monitor-grace-period for node-loss tests, as kind users do)
@@ -70,6 +73,7 @@ class Box:
     def start(self) -> None:
         if self.with_kueue and not self.with_node:
             raise BoxError("Kueue runs on the box's node: drop --no-node to use --kueue")
+        node_labels(self.topology, self.node_count)  # a topology the nodes cannot fill is refused before anything
         self.plane = ControlPlane(
             data_dir=self.data_dir,
             apiserver_port=self.apiserver_port,
@@ -104,6 +108,7 @@ class Box:
         slots: int = DEFAULT_SLOTS,
         proxy: bool = True,
         cuttable: bool = False,
+        labels: dict[str, str] | None = None,
     ) -> KubeletNode:
         """Start the box's node on first use: kubelet, containerd and runc, running the local base image and
         ``images`` (built locally, imported into its containerd), and only pods that tolerate ``taints``.
@@ -121,6 +126,7 @@ class Box:
                 importer=local_images.import_into_containerd,
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
+                labels=labels if labels is not None else node_labels(self.topology, self.node_count)[0],
                 extended_resources={SLOT_RESOURCE: slots},
                 with_proxy=proxy,
                 cuttable=cuttable,
@@ -155,7 +161,10 @@ class Box:
         other named ``box-node-<i>``, with its own kubelet, containerd, cgroup root, bridge and /24, no kube-proxy
         or CoreDNS of its own (the first one's serve the box), and a kubelet link a test can cut (``cut_network``).
         Pods on different nodes reach each other through the host's routes between the bridges."""
-        first = self.start_node(images=images, taints=taints, slots=slots, proxy=proxy, cuttable=count > 1)
+        labels = node_labels(self.topology, count)
+        first = self.start_node(
+            images=images, taints=taints, slots=slots, proxy=proxy, cuttable=count > 1, labels=labels[0]
+        )
         while len(self.nodes) < count:
             index = len(self.nodes)
             node = KubeletNode(
@@ -168,6 +177,7 @@ class Box:
                 importer=first.importer,
                 images=first.images,
                 taints=taints,
+                labels=labels[index],
                 extended_resources={SLOT_RESOURCE: slots},
                 with_dns=False,
                 with_proxy=False,

@@ -13,6 +13,8 @@ from pathlib import Path
 from ddpjob_box.box import Box
 from ddpjob_box.controlplane import wait_forever
 from ddpjob_box.errors import BoxError
+from ddpjob_box.topology import LABEL_PREFIX as TOPOLOGY_PREFIX
+from ddpjob_box.topology import parse as parse_topology
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="how many nodes (default 1): each its own kubelet, containerd, cgroup root, bridge and /24, named "
         "box-node, box-node-1...; one kube-proxy and one CoreDNS serve them all (docs/box.md)",
+    )
+    up.add_argument(
+        "--topology",
+        default="",
+        metavar="LEVEL=COUNT,...",
+        help="label the nodes with racks and blocks, outermost first: 'block=2,rack=2' with --nodes 4 puts them in 2 "
+        "blocks of 2 racks (labels topology.ddpjob.dev/block and /rack); with --kueue, also a Kueue Topology and a "
+        "ResourceFlavor that names it, for topology-aware scheduling (docs/box.md)",
     )
     up.add_argument(
         "--node-monitor-grace-period",
@@ -71,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         if args.nodes < 1 or (args.nodes > 1 and not args.node):
             print("ddpjob: --nodes must be 1 or more, and needs --node: drop --no-node or --nodes", file=sys.stderr)
             return 2
+        try:
+            topology = parse_topology(args.topology)
+        except BoxError as err:
+            print(f"ddpjob: {err}", file=sys.stderr)
+            return 2
         grace = (
             [f"--node-monitor-grace-period={args.node_monitor_grace_period}"] if args.node_monitor_grace_period else []
         )
@@ -82,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             with_prometheus=args.node,
             with_kueue=args.kueue,
             node_count=args.nodes,
+            topology=topology,
             controller_manager_args=grace,
         )
         try:
@@ -90,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             assert plane is not None
             print(f"control plane ready at {plane.server}; logs in {plane.logs_dir}", flush=True)
             for node in box.nodes:
-                print(f"node {node.name} Ready ({node.subnet}); it runs {', '.join(node.images)}", flush=True)
+                place = "".join(f", {k.removeprefix(TOPOLOGY_PREFIX)} {v}" for k, v in node.labels.items())
+                print(f"node {node.name} Ready ({node.subnet}{place}); it runs {', '.join(node.images)}", flush=True)
             if box.kueue is not None:
                 print(f"Kueue ready in namespace kueue-system, its manager from {box.kueue.image}", flush=True)
             if box.prometheus is not None:

@@ -21,6 +21,22 @@ LABEL_POD_SET = f"{GROUP}/podset"
 FINALIZER = f"{GROUP}/resource-in-use"
 """Kueue keeps a Workload's quota until this is dropped: the operator drops it once the job's pods are gone."""
 
+ANNOTATION_WORKLOAD = f"{GROUP}/workload"
+"""On a pod placed by topology: its Workload, which Kueue's topology ungater finds its pods by."""
+TOPOLOGY_GATE = f"{GROUP}/topology"
+"""The scheduling gate of a pod placed by topology: Kueue removes it, and sets the pod's nodeSelector to its domain."""
+ANNOTATION_REQUIRED_TOPOLOGY = f"{GROUP}/podset-required-topology"
+"""On the pod template: every rank inside one domain of this level (a node label), or the job waits."""
+ANNOTATION_PREFERRED_TOPOLOGY = f"{GROUP}/podset-preferred-topology"
+"""On the pod template: the ranks in as few domains of this level as fit, else spread wider."""
+ANNOTATION_UNCONSTRAINED_TOPOLOGY = f"{GROUP}/podset-unconstrained-topology"
+"""On the pod template, "true": placed by Kueue's topology-aware scheduling, with no constraint on domains."""
+ANNOTATION_SLICE_REQUIRED_TOPOLOGY = f"{GROUP}/podset-slice-required-topology"
+"""On the pod template, with ``ANNOTATION_SLICE_SIZE``: each slice of that many ranks in one domain of this level."""
+ANNOTATION_SLICE_SIZE = f"{GROUP}/podset-slice-size"
+TOPOLOGY_ANNOTATIONS = (ANNOTATION_REQUIRED_TOPOLOGY, ANNOTATION_PREFERRED_TOPOLOGY, ANNOTATION_UNCONSTRAINED_TOPOLOGY)
+"""At most one of these on a pod template (Kueue's own rule); one of them marks a pod as placed by topology."""
+
 POD_SET = "ranks"
 """The one pod set of a DDPJob's Workload: every rank's pod."""
 

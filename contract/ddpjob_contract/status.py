@@ -63,6 +63,7 @@ class Reason(StrEnum):
     STRAGGLER_RECOVERED = "StragglerRecovered"
     TTL = "TTLExpired"
     UNSCHEDULABLE = "Unschedulable"
+    TOPOLOGY_GATED = "WaitingForTopologyAssignment"
     PREEMPTED = "Preempted"
     DISRUPTED = "Disrupted"
     GANG = "PodGroup"

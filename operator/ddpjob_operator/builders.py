@@ -45,7 +45,7 @@ from ddpjob_contract.pods import (
     MANAGED_BY,
     POD_GROUP_API,
 )
-from ddpjob_operator import api, wait_for_master
+from ddpjob_operator import api, topology, wait_for_master
 from ddpjob_operator.api import Job
 from ddpjob_operator.queueing import workload_name
 from ddpjob_operator.status import PodView
@@ -346,7 +346,8 @@ def avoiding(pod: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
 
 def workload(job: Job, priority: Priority | None) -> dict[str, Any]:
     """The job's Kueue Workload: one pod set of every rank (``count`` = replicas, ``minCount`` = minReplicas),
-    from rank 0's pod as built, in the job's LocalQueue; owned by the job, held by Kueue's finalizer."""
+    from rank 0's pod as built, in the job's LocalQueue; owned by the job, held by Kueue's finalizer. The template's
+    topology annotations make its ``topologyRequest`` (``topology.request``)."""
     rank0 = pod(job, 0, 0, gang=False)
     meta = rank0["metadata"]
     pod_set: dict[str, Any] = {
@@ -357,6 +358,9 @@ def workload(job: Job, priority: Priority | None) -> dict[str, Any]:
     }
     if job.spec.min_replicas is not None and job.spec.min_replicas < job.spec.replicas:
         pod_set["minCount"] = job.spec.min_replicas
+    placed_by = topology.request((job.spec.template.get("metadata") or {}).get("annotations") or {})
+    if placed_by is not None:
+        pod_set["topologyRequest"] = placed_by
     spec: dict[str, Any] = {"queueName": job.queue, "podSets": [pod_set]}
     if priority is not None:
         spec["priorityClassRef"] = {"group": kueue.GROUP, "kind": "WorkloadPriorityClass", "name": priority.name}

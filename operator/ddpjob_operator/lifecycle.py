@@ -120,6 +120,8 @@ def _plan(
     job = as_admitted(job, status)
     if status.attempt != view.status.attempt or job.spec.replicas != view.job.spec.replicas:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
+    if queued.placement.spans:
+        status = replace(status, spans=queued.placement.spans)
     the_plan = _plan_for(job, status, obs, now, events, placement is Placement.GANG)
     return replace(the_plan, placement=queued.placement) if queued.may_run() else the_plan
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_contract import kueue
+from ddpjob_operator import topology
 from ddpjob_operator.status import find_condition
 from ddpjob_operator.times import from_time
 
@@ -42,13 +43,20 @@ class Placement:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    topology_workload: str = ""
+    """Placed by Kueue's topology-aware scheduling: the Workload its pods name for Kueue's topology ungater, which
+    removes their gate and sets their nodeSelector to the domain of their rank. Empty: no topology."""
+    spans: str = ""
+    """The domains the assignment spans at the level above the node (``topology.spans``)."""
 
     def apply(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod with this placement merged in (a template's own node selector wins no conflict: the flavor's
         labels are where the quota is)."""
-        if not (self.node_selector or self.tolerations or self.labels):
+        if not (self.node_selector or self.tolerations or self.labels or self.topology_workload):
             return pod
         spec = pod.setdefault("spec", {})
+        if self.topology_workload:
+            _gate(pod, self.topology_workload)
         if self.node_selector:
             spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **self.node_selector}
         if self.tolerations:
@@ -112,6 +120,20 @@ class Queueing:
 NOT_QUEUED = Queueing()
 
 
+def _gate(pod: dict[str, Any], workload: str) -> None:
+    """A rank's pod as Kueue's topology ungater finds it: gated, naming its Workload, and marked as placed by
+    topology (unconstrained, when its template asked for no level: a ClusterQueue of topology flavors only places
+    every pod set by topology)."""
+    meta = pod.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {})
+    annotations[kueue.ANNOTATION_WORKLOAD] = workload
+    if not topology.asks(annotations):
+        annotations[kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY] = "true"
+    spec = pod.setdefault("spec", {})
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != kueue.TOPOLOGY_GATE]
+    spec["schedulingGates"] = [*gates, {"name": kueue.TOPOLOGY_GATE}]
+
+
 def _true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
     return find_condition(conditions, type_).get("status") == "True"
 
@@ -157,7 +179,7 @@ def read(
         admitted=_true(conditions, "Admitted"),
         cluster_queue=str(admission.get("clusterQueue") or ""),
         count=_admitted_count(workload, assignment),
-        placement=_placement(assignment, flavors),
+        placement=_placement(assignment, flavors, str(meta.get("name") or name)),
         waiting=str(reserved.get("message") or "") if reserved.get("status") != "True" else "",
         evicted=_eviction(conditions),
         finished=_true(conditions, "Finished"),
@@ -200,8 +222,9 @@ def assigned_flavors(workload: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _placement(assignment: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]) -> Placement:
-    """Each assigned flavor's node labels and tolerations (Kueue's ``podset.FromAssignment``), and the pod-set label."""
+def _placement(assignment: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]], workload: str) -> Placement:
+    """Each assigned flavor's node labels and tolerations (Kueue's ``podset.FromAssignment``), and the pod-set label;
+    under a topology assignment, the Workload the gated pods name."""
     if not assignment:
         return Placement()
     selector: dict[str, str] = {}
@@ -210,8 +233,13 @@ def _placement(assignment: Mapping[str, Any], flavors: Mapping[str, Mapping[str,
         spec = (flavors.get(flavor) or {}).get("spec") or {}
         selector.update({str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()})
         tolerations.extend(t for t in spec.get("tolerations") or [] if t not in tolerations)
+    placed_by_topology = bool(assignment.get("topologyAssignment"))
     return Placement(
-        node_selector=selector, tolerations=tuple(tolerations), labels={kueue.LABEL_POD_SET: kueue.POD_SET}
+        node_selector=selector,
+        tolerations=tuple(tolerations),
+        labels={kueue.LABEL_POD_SET: kueue.POD_SET},
+        topology_workload=workload if placed_by_topology else "",
+        spans=topology.spans(assignment),
     )
 
 

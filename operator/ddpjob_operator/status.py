@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from ddpjob_contract import kueue
 from ddpjob_contract.pods import (
     ANNOTATION_EXCLUDED_NODES,
     ANNOTATION_RESTART_COUNT,
@@ -70,6 +71,8 @@ class PodView:
     """Why a container of the pod cannot start (``CANNOT_START``), as one line; empty when none is stuck."""
     unschedulable: str = ""
     """The scheduler's word for why it cannot place the pod (PodScheduled False, Unschedulable)."""
+    topology_gated: bool = False
+    """It waits for Kueue's topology assignment (its ``kueue.x-k8s.io/topology`` scheduling gate): not a failure."""
     disruption: Disruption | None = None
     """Why Kubernetes is taking the pod away (its DisruptionTarget condition): not the rank's failure."""
     others_running: bool = False
@@ -215,6 +218,7 @@ def pod_view(pod: Mapping[str, Any], trainer: str) -> PodView:
         node=str(spec.get("nodeName") or ""),
         blocked=_blocked(status),
         unschedulable=_unschedulable(status),
+        topology_gated=any(g.get("name") == kueue.TOPOLOGY_GATE for g in spec.get("schedulingGates") or []),
         disruption=_disruption(status),
         others_running=_others_running(statuses, trainer),
         in_place=in_place,
@@ -500,6 +504,10 @@ class JobStatus:
     progress: ProgressStatus | None = None
     last_checkpoint: Checkpoint | None = None
     """The newest complete checkpoint any attempt's ranks reported (kept when their pods are gone)."""
+    nodes: tuple[str, ...] = ()
+    """Each rank's node, rank 0 first ("" for a rank not placed); empty before any rank is placed."""
+    spans: str = ""
+    """Under Kueue's topology-aware scheduling: the domains the ranks span at the level above the node."""
     excluded_nodes: tuple[ExcludedNode, ...] = ()
     """Nodes the job's pods avoid (``policies.node_loss``), until each entry expires or a user removes it."""
     machine_fault: MachineFault | None = None
@@ -541,6 +549,7 @@ class JobStatus:
             "conditions": [c.to_dict() for c in self.conditions],
             "progress": self.progress.to_dict(running=self.phase is Phase.RUNNING) if self.progress else None,
             "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
+            "placement": {"nodes": list(self.nodes), "spans": self.spans or None} if self.nodes else None,
             "excludedNodes": [e.to_dict() for e in self.excluded_nodes] or None,
             "lastMachineFault": self.machine_fault.to_dict() if self.machine_fault else None,
         }
@@ -572,6 +581,7 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
     counts: Mapping[str, Any] = status["replicas"] if isinstance(status.get("replicas"), Mapping) else {}
     ready = str(status.get("ready") or "0/0").partition("/")
     launched = status.get("launchedAttempt")
+    placed: Mapping[str, Any] = status["placement"] if isinstance(status.get("placement"), Mapping) else {}
     return JobStatus(
         phase=phase,
         attempt=_nonneg(status.get("attempt")),
@@ -589,15 +599,20 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
         conditions=tuple(conditions),
         progress=ProgressStatus.parse(status.get("progress")),
         last_checkpoint=Checkpoint.parse(status.get("lastCheckpoint")),
+        nodes=tuple(str(n or "") for n in placed.get("nodes") or []),
+        spans=str(placed.get("spans") or ""),
         excluded_nodes=ExcludedNode.parse(status.get("excludedNodes")),
         machine_fault=MachineFault.parse(status.get("lastMachineFault")),
     )
 
 
 def with_counts(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
-    """The status with the observed counts of pods (active, succeeded, failed, running, ready)."""
+    """The status with the observed counts of pods (active, succeeded, failed, running, ready) and each rank's
+    node (kept from before while no rank is placed: a finished job's pods may be gone)."""
+    nodes = tuple(observation.current[r].node if r in observation.current else "" for r in range(replicas))
     return replace(
         status,
+        nodes=nodes if any(nodes) else status.nodes,
         active=observation.active,
         succeeded=observation.succeeded,
         failed=observation.failed,

@@ -157,11 +157,13 @@ class Run:
 class Wait:
     """No rank has started yet. ``blocked``: why a rank cannot start (its image cannot be pulled, a
     ConfigMap it needs is missing, the scheduler cannot place it...), said with ``reason``;
-    ``unblocked``: the one that could not got past it."""
+    ``unblocked``: the one that could not got past it; ``warning``: its Event is a Warning (False: a wait that is
+    no fault, such as Kueue's topology assignment)."""
 
     blocked: str = ""
     reason: Reason = Reason.CANNOT_START
     unblocked: bool = False
+    warning: bool = True
 
 
 @dataclass(frozen=True)
@@ -385,7 +387,7 @@ def _wait(status: JobStatus, wait: Wait, now: datetime) -> Applied:
     if wait.blocked:
         status = _not_running(status, wait.reason, wait.blocked, now)
         key = hashlib.sha256(wait.blocked.encode()).hexdigest()[:10]  # one Event per distinct cause
-        return status, (Event(wait.reason, wait.blocked, warning=True, key=key),)
+        return status, (Event(wait.reason, wait.blocked, warning=wait.warning, key=key),)
     status = replace(status, phase=Phase.PENDING)
     if wait.unblocked or status.condition(ConditionType.RUNNING) is None:
         status = _not_running(status, Reason.PODS_PENDING, "no rank has started yet", now)

@@ -77,6 +77,8 @@ class KubeletNode:
     importer: Importer
     images: Sequence[str] = ()
     taints: tuple[str, ...] = ()
+    # Labels the kubelet registers the node with (its place in the box's topology: ddpjob_box.topology)
+    labels: Mapping[str, str] = field(default_factory=dict)
     # Extended resources the node advertises (e.g. {"example.com/slot": 4}), as a device plugin would
     extended_resources: Mapping[str, int] = field(default_factory=dict)
     # CoreDNS on the bridge address, named in kubelet's clusterDNS, so pods resolve services and pods by name
@@ -261,6 +263,7 @@ class KubeletNode:
                 f"--root-dir={layout.kubelet_root}",
                 f"--hostname-override={self.name}",
                 f"--node-ip={self.gateway}",
+                *([f"--node-labels={','.join(f'{k}={v}' for k, v in self.labels.items())}"] if self.labels else []),
                 "--v=1",
             ],
             self.plane.logs_dir / f"kubelet-{self.name}.log",

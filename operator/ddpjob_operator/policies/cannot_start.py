@@ -1,9 +1,10 @@
-"""A rank stuck before it starts: its container cannot start, the scheduler cannot place it, or creating the pods
-failed (retried). The job says which, and why, in its Running condition, instead of a silent Pending; and says
-when it is no longer so."""
+"""A rank stuck before it starts: its container cannot start, the scheduler cannot place it, creating the pods
+failed (retried), or Kueue has yet to place it by topology. The job says which, and why, in its Running condition,
+instead of a silent Pending; and says when it is no longer so."""
 
 from __future__ import annotations
 
+from ddpjob_contract import kueue
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.policies import gang
 from ddpjob_operator.status import Condition
@@ -20,8 +21,10 @@ def rule(v: View) -> Transition | None:
     why = _why_not_started(v)
     if why is not None:
         reason, message = why
-        return None if said and _said_already(said, reason, message) else Wait(blocked=message, reason=reason)
-    stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE, Reason.POD_CREATE_FAILED)
+        if said and _said_already(said, reason, message):
+            return None
+        return Wait(blocked=message, reason=reason, warning=reason is not Reason.TOPOLOGY_GATED)
+    stuck = (Reason.CANNOT_START, Reason.UNSCHEDULABLE, Reason.POD_CREATE_FAILED, Reason.TOPOLOGY_GATED)
     unblocked = said and said.reason in stuck and v.status.phase is not Phase.RESTARTING
     return Wait(unblocked=True) if unblocked else None
 
@@ -44,7 +47,7 @@ def _why_not_started(v: View) -> tuple[Reason, str] | None:
             return Reason.CANNOT_START, f"rank {rank} (pod {pod.name}) cannot start: {pod.blocked}"
     waiting = [(rank, pod) for rank, pod in current if pod.unschedulable]
     if not waiting:
-        return None
+        return _gated(v, [rank for rank, pod in current if pod.topology_gated])
     replicas = v.job.spec.replicas
     rank, pod = waiting[0]
     if v.placement is Placement.GANG:
@@ -53,6 +56,17 @@ def _why_not_started(v: View) -> tuple[Reason, str] | None:
     return Reason.UNSCHEDULABLE, (
         f"{placed} of {replicas} pods are placed (one by one, holding their resources); rank {rank} (pod {pod.name}) "
         f"cannot be: {pod.unschedulable}{_excluding(v)}"
+    )
+
+
+def _gated(v: View, ranks: list[int]) -> tuple[Reason, str] | None:
+    """Ranks whose pods wait for Kueue to place them by topology: the normal wait before Kueue's ungater runs, or
+    while Kueue replaces a failed node of the assignment. Not a failure, and not the scheduler's doing."""
+    if not ranks:
+        return None
+    which = "every rank" if len(ranks) == v.job.spec.replicas else "ranks " + ", ".join(map(str, ranks))
+    return Reason.TOPOLOGY_GATED, (
+        f"waiting for Kueue's topology assignment: {which} gated ({kueue.TOPOLOGY_GATE}) until Kueue places them"
     )
 
 

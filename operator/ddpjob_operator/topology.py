@@ -1,0 +1,93 @@
+"""Pure: Kueue's topology-aware scheduling (TAS) for a job.
+
+A job asks for a placement the way Kueue's built-in kinds do, with its pod template's annotations
+(``kueue.x-k8s.io/podset-required-topology: <node label>`` and the others of ``kueue.TOPOLOGY_ANNOTATIONS``);
+``request`` turns them into its Workload's ``topologyRequest``, as Kueue's jobframework does, ranks indexed by
+``ddpjob.dev/rank`` so that rank i lands in the i-th domain of Kueue's assignment (its domains are sorted, so ring
+neighbours share a rack where they can). ``assigned`` reads the domains an admission gave back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddpjob_contract import kueue
+from ddpjob_contract.pods import LABEL_RANK
+
+
+def request(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+    """The Workload pod set's ``topologyRequest`` the annotations make (required wins over preferred, preferred over
+    unconstrained, as in Kueue); None when they ask for no topology."""
+    found: dict[str, Any] = {}
+    required = annotations.get(kueue.ANNOTATION_REQUIRED_TOPOLOGY, "")
+    preferred = annotations.get(kueue.ANNOTATION_PREFERRED_TOPOLOGY, "")
+    if required:
+        found["required"] = required
+    elif preferred:
+        found["preferred"] = preferred
+    elif annotations.get(kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY, "").lower() == "true":
+        found["unconstrained"] = True
+    slice_level = annotations.get(kueue.ANNOTATION_SLICE_REQUIRED_TOPOLOGY, "")
+    slice_size = annotations.get(kueue.ANNOTATION_SLICE_SIZE, "")
+    if slice_level and slice_size.isdigit():
+        found |= {"podSetSliceRequiredTopology": slice_level, "podSetSliceSize": int(slice_size)}
+    if not found:
+        return None
+    return {**found, "podIndexLabel": LABEL_RANK}
+
+
+def asks(annotations: Mapping[str, str]) -> bool:
+    """Whether a pod with these annotations is one Kueue places by topology (its ``IsTAS``)."""
+    return any(annotations.get(key) for key in kueue.TOPOLOGY_ANNOTATIONS)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One domain of an assignment: its value at each level (outermost first), and how many pods it holds."""
+
+    values: tuple[str, ...]
+    pods: int
+
+
+def assigned(assignment: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[Domain, ...]]:
+    """A pod set assignment's ``topologyAssignment``: its levels and its domains, in Kueue's order (rank i is in
+    the i-th pod's domain). Empty when the admission placed no topology."""
+    topology = assignment.get("topologyAssignment") or {}
+    levels = tuple(str(level) for level in topology.get("levels") or [])
+    domains: list[Domain] = []
+    for piece in topology.get("slices") or []:
+        count = int(piece.get("domainCount") or 0)
+        per_level: Sequence[Mapping[str, Any]] = piece.get("valuesPerLevel") or []
+        pods: Mapping[str, Any] = piece.get("podCounts") or {}
+        for i in range(count):
+            values = tuple(_value(level, i) for level in per_level)
+            domains.append(Domain(values, _count(pods, i)))
+    return levels, tuple(domains)
+
+
+def _value(level: Mapping[str, Any], i: int) -> str:
+    if "universal" in level:
+        return str(level["universal"])
+    individual = level.get("individual") or {}
+    roots = individual.get("roots") or []
+    root = str(roots[i]) if i < len(roots) else ""
+    return f"{individual.get('prefix') or ''}{root}{individual.get('suffix') or ''}"
+
+
+def _count(pods: Mapping[str, Any], i: int) -> int:
+    if "universal" in pods:
+        return int(pods["universal"] or 0)
+    individual = pods.get("individual") or []
+    return int(individual[i]) if i < len(individual) else 0
+
+
+def spans(assignment: Mapping[str, Any]) -> str:
+    """What ``kubectl get ddpj -o wide`` shows of a topology placement: the domains of the level just above the
+    node, as ``rack-0,rack-1`` (the nodes when the topology has no other level); empty without one."""
+    levels, domains = assigned(assignment)
+    if not domains:
+        return ""
+    level = len(levels) - 2 if len(levels) > 1 else 0
+    return ",".join(dict.fromkeys(d.values[level] for d in domains if len(d.values) > level))

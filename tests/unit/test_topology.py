@@ -1,0 +1,160 @@
+"""Kueue's topology-aware scheduling, the operator's half, as data shaped as Kueue v0.17.0 writes it: the request a
+template's annotations make, the gated pods an assignment asks for, the domains read back, and a gated gang said to
+wait for Kueue (never Unschedulable). Kueue placing them is shown against real Kueue in tests/kueue/test_topology.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpjob_contract import kueue
+from ddpjob_contract.pods import LABEL_RANK
+from ddpjob_contract.status import Phase
+from ddpjob_operator import builders, queueing, topology
+from ddpjob_operator.api import Job, parse_job
+from ddpjob_operator.status import JobStatus, parse_status, pod_view
+
+from .factories import body
+from .test_admission import ADMITTED, run
+from .test_lifecycle import FakeCluster
+
+RACK = "topology.ddpjob.dev/rack"
+HOST = "kubernetes.io/hostname"
+
+
+def tas_job(replicas: int = 2, **annotations: str) -> Job:
+    b = body("train", replicas)
+    b["metadata"]["labels"] = {kueue.LABEL_QUEUE_NAME: "team-a"}
+    b["metadata"]["uid"] = "0123456789abcdef"
+    b["spec"]["template"]["metadata"] = {"annotations": annotations}
+    return parse_job(b)
+
+
+def assignment(*domains: tuple[str, str, int]) -> dict[str, Any]:
+    """A topologyAssignment over (rack, hostname), one slice per domain, as Kueue's encoder may write it."""
+    return {
+        "levels": [RACK, HOST],
+        "slices": [
+            {"domainCount": 1, "valuesPerLevel": [{"universal": rack}, {"universal": host}],
+             "podCounts": {"universal": pods}}
+            for rack, host, pods in domains
+        ],
+    }  # fmt: skip
+
+
+def admitted(j: Job, topology_assignment: dict[str, Any] | None) -> dict[str, Any]:
+    wl = builders.workload(j, None)
+    wl["metadata"].update(uid="wl-uid", generation=1)
+    podset: dict[str, Any] = {"name": kueue.POD_SET, "flavors": {"cpu": "tas"}, "count": j.spec.replicas}
+    if topology_assignment:
+        podset["topologyAssignment"] = topology_assignment
+    wl["status"] = {"conditions": list(ADMITTED), "admission": {"clusterQueue": "cq", "podSetAssignments": [podset]}}
+    return wl
+
+
+def test_the_templates_annotations_make_the_workloads_topology_request_ranks_indexed_by_rank() -> None:
+    (pod_set,) = builders.workload(tas_job(**{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK}), None)["spec"]["podSets"]
+    assert pod_set["topologyRequest"] == {"required": RACK, "podIndexLabel": LABEL_RANK}
+    (plain,) = builders.workload(tas_job(), None)["spec"]["podSets"]
+    assert "topologyRequest" not in plain
+
+
+def test_required_wins_over_preferred_and_the_slice_needs_both_its_annotations_as_in_kueue() -> None:
+    both = {kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK, kueue.ANNOTATION_PREFERRED_TOPOLOGY: HOST}
+    assert topology.request(both) == {"required": RACK, "podIndexLabel": LABEL_RANK}
+    assert topology.request({kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY: "true"}) == {
+        "unconstrained": True,
+        "podIndexLabel": LABEL_RANK,
+    }
+    assert topology.request({kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY: "false"}) is None
+    sliced = {kueue.ANNOTATION_SLICE_REQUIRED_TOPOLOGY: RACK, kueue.ANNOTATION_SLICE_SIZE: "2"}
+    assert topology.request(sliced) == {"podSetSliceRequiredTopology": RACK, "podSetSliceSize": 2,
+                                        "podIndexLabel": LABEL_RANK}  # fmt: skip
+    assert topology.request({kueue.ANNOTATION_SLICE_SIZE: "2"}) is None
+
+
+def test_the_domains_are_read_in_kueues_order_from_universal_and_individual_values() -> None:
+    hosts = {"individual": {"prefix": "box-node-", "roots": ["2", "3"]}}
+    compact = {
+        "levels": [RACK, HOST],
+        "slices": [{"domainCount": 2, "valuesPerLevel": [{"universal": "rack-1"}, hosts],
+                    "podCounts": {"individual": [1, 2]}}],
+    }  # fmt: skip
+    levels, domains = topology.assigned({"topologyAssignment": compact})
+    assert levels == (RACK, HOST)
+    assert domains == (topology.Domain(("rack-1", "box-node-2"), 1), topology.Domain(("rack-1", "box-node-3"), 2))
+    assert topology.spans({"topologyAssignment": compact}) == "rack-1"
+    two_racks = assignment(("rack-0", "box-node", 1), ("rack-1", "box-node-2", 1))
+    assert topology.spans({"topologyAssignment": two_racks}) == "rack-0,rack-1"
+    assert topology.spans({}) == ""
+
+
+def test_under_a_topology_assignment_each_rank_pod_is_gated_names_its_workload_and_the_job_says_its_racks() -> None:
+    j = tas_job(**{kueue.ANNOTATION_PREFERRED_TOPOLOGY: RACK})
+    queued = run(j, JobStatus(), [], None).status
+    wl = admitted(j, assignment(("rack-0", "box-node", 1), ("rack-1", "box-node-2", 1)))
+    p = run(j, queued, [], wl)
+    assert p.create_ranks == (0, 1) and p.status.spans == "rack-0,rack-1"
+    pod = p.placement.apply(builders.pod(j, 1, p.status.attempt, gang=True))
+    assert pod["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]
+    assert pod["metadata"]["annotations"][kueue.ANNOTATION_WORKLOAD] == wl["metadata"]["name"]
+    assert pod["metadata"]["annotations"][kueue.ANNOTATION_PREFERRED_TOPOLOGY] == RACK
+    assert pod["metadata"]["labels"][kueue.LABEL_POD_SET] == kueue.POD_SET
+    assert pod["metadata"]["labels"][LABEL_RANK] == "1", "Kueue's podIndexLabel"
+    again = p.placement.apply(pod)
+    assert again["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}], "gated once"
+
+
+def test_a_pod_set_placed_by_topology_without_a_request_is_marked_unconstrained_for_kueues_ungater() -> None:
+    j = tas_job()
+    queued = run(j, JobStatus(), [], None).status
+    p = run(j, queued, [], admitted(j, assignment(("rack-0", "box-node", 2))))
+    pod = p.placement.apply(builders.pod(j, 0, p.status.attempt, gang=True))
+    assert pod["metadata"]["annotations"][kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY] == "true"
+
+
+def test_an_admission_without_a_topology_assignment_gates_nothing() -> None:
+    j = tas_job()
+    queued = run(j, JobStatus(), [], None).status
+    p = run(j, queued, [], admitted(j, None))
+    pod = p.placement.apply(builders.pod(j, 0, p.status.attempt, gang=True))
+    assert "schedulingGates" not in pod["spec"] and kueue.ANNOTATION_WORKLOAD not in pod["metadata"]["annotations"]
+
+
+def test_a_gated_gang_waits_for_kueues_topology_assignment_in_a_normal_event_never_as_unschedulable() -> None:
+    c = FakeCluster(tas_job(2))
+    c.settle()
+    c.set(0, node="", topology_gated=True)
+    c.set(1, node="", topology_gated=True)
+    p = c.step()
+    status, reason, message = c.condition("Running")
+    assert c.status.phase is Phase.PENDING and (status, reason) == (False, "WaitingForTopologyAssignment")
+    assert message.startswith("waiting for Kueue's topology assignment: every rank gated")
+    assert [(e.reason, e.warning) for e in p.events] == [("WaitingForTopologyAssignment", False)]
+    c.set(0, node="box-node", topology_gated=False)
+    c.set(1, node="box-node-2", topology_gated=False)
+    c.step()
+    assert c.condition("Running")[1] == "PodsPending", "ungated: no longer said to wait for Kueue"
+    assert c.status.nodes == ("box-node", "box-node-2")
+
+
+def test_each_ranks_node_and_the_spans_round_trip_through_the_status() -> None:
+    status = JobStatus(nodes=("box-node", ""), spans="rack-0")
+    assert parse_status(status.to_dict()).nodes == ("box-node", "")
+    assert parse_status(status.to_dict()).spans == "rack-0"
+    assert JobStatus().to_dict()["placement"] is None
+
+
+def test_queueing_reads_the_placement_as_topology_only_with_an_assignment() -> None:
+    j = tas_job(**{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+    name = queueing.workload_name(j.name, j.uid)
+    read = queueing.read(j.queue, admitted(j, assignment(("rack-0", "box-node", 2))), {}, name=name)
+    assert read.placement.topology_workload == name and read.placement.spans == "rack-0"
+    plain = queueing.read(j.queue, admitted(j, None), {}, name=name)
+    assert plain.placement.topology_workload == "" and plain.placement.spans == ""
+
+
+def test_a_pod_is_read_as_gated_by_kueues_topology_gate_only() -> None:
+    gated = {"metadata": {"name": "train-0"}, "spec": {"schedulingGates": [{"name": kueue.TOPOLOGY_GATE}]}}
+    other = {"metadata": {"name": "train-0"}, "spec": {"schedulingGates": [{"name": "example.com/other"}]}}
+    assert pod_view(gated, "trainer").topology_gated and not pod_view(other, "trainer").topology_gated
