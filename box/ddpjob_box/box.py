@@ -11,6 +11,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
+
 from ddpjob_box import images as local_images
 from ddpjob_box.controlplane import ControlPlane
 from ddpjob_box.errors import BoxError
@@ -20,7 +22,7 @@ from ddpjob_box.kueue import Kueue
 from ddpjob_box.processes import Component
 from ddpjob_box.prometheus import Prometheus
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS, STORAGE_CLASS, storage_class
-from ddpjob_box.topology import Level, node_labels
+from ddpjob_box.topology import Level, node_labels, resource_flavor, topology_object
 
 NODE_NAME = "box-node"
 SLOT_RESOURCE = "example.com/slot"
@@ -44,6 +46,9 @@ class Box:
     node_count: int = 1
     # The nodes' places in racks and blocks (``--topology``, ddpjob_box.topology); with Kueue, its Topology too
     topology: tuple[Level, ...] = ()
+    # The first node runs the box's services (CoreDNS, kube-proxy, Kueue's manager) outside the topology: it gets no
+    # topology labels, so Kueue's topology flavor never places a rank there, and a test may cut any node that does
+    services_node: bool = False
     # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
     with_proxy: bool = True
     # Flags of the controller-manager (a shorter --node-monitor-grace-period for node-loss tests, as kind users do)
@@ -73,7 +78,7 @@ class Box:
     def start(self) -> None:
         if self.with_kueue and not self.with_node:
             raise BoxError("Kueue runs on the box's node: drop --no-node to use --kueue")
-        node_labels(self.topology, self.node_count)  # a topology the nodes cannot fill is refused before anything
+        self.topology_labels(self.node_count)  # a topology the nodes cannot fill is refused before anything
         self.plane = ControlPlane(
             data_dir=self.data_dir,
             apiserver_port=self.apiserver_port,
@@ -94,6 +99,12 @@ class Box:
         except BaseException:
             self.stop()
             raise
+
+    def topology_labels(self, count: int) -> list[dict[str, str]]:
+        """Each of ``count`` nodes' topology labels (none for the services node)."""
+        if self.services_node:
+            return [{}, *node_labels(self.topology, count - 1)]
+        return node_labels(self.topology, count)
 
     def node_slots(self) -> int:
         if self.slots is not None:
@@ -126,7 +137,7 @@ class Box:
                 importer=local_images.import_into_containerd,
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
-                labels=labels if labels is not None else node_labels(self.topology, self.node_count)[0],
+                labels=labels if labels is not None else self.topology_labels(self.node_count)[0],
                 extended_resources={SLOT_RESOURCE: slots},
                 with_proxy=proxy,
                 cuttable=cuttable,
@@ -161,7 +172,7 @@ class Box:
         other named ``box-node-<i>``, with its own kubelet, containerd, cgroup root, bridge and /24, no kube-proxy
         or CoreDNS of its own (the first one's serve the box), and a kubelet link a test can cut (``cut_network``).
         Pods on different nodes reach each other through the host's routes between the bridges."""
-        labels = node_labels(self.topology, count)
+        labels = self.topology_labels(count)
         first = self.start_node(
             images=images, taints=taints, slots=slots, proxy=proxy, cuttable=count > 1, labels=labels[0]
         )
@@ -213,10 +224,15 @@ class Box:
             image = local_images.ensure_kueue()
             if local_images.import_into_containerd(image, node.layout.containerd_socket, node.layout.containerd_root):
                 print(f"kueue: imported {image} into the node ({time.monotonic() - started:.0f}s)", flush=True)
-            kueue = Kueue(kubeconfig=self.plane.kubeconfig, image=image, workdir=self.data_dir / "kueue")
+            kueue = Kueue(
+                kubeconfig=self.plane.kubeconfig, image=image, node=node.name, workdir=self.data_dir / "kueue"
+            )
             # Set before the install: a half-done install is still ours to report on.
             self.kueue = kueue
             kueue.install()
+            if self.topology:
+                objects = [topology_object(self.topology), resource_flavor()]
+                kueue.apply(yaml.safe_dump_all(objects))
         return self.kueue
 
     def stop_extra_nodes(self) -> None:

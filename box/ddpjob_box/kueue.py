@@ -69,8 +69,9 @@ def manager_config(shipped: str) -> dict[str, Any]:
     return config
 
 
-def chart_values(image: str, shipped_config: str) -> dict[str, Any]:
-    """The values the box installs the chart with; everything else is the chart's default."""
+def chart_values(image: str, shipped_config: str, node: str) -> dict[str, Any]:
+    """The values the box installs the chart with, its manager on ``node``; everything else is the chart's
+    default."""
     repository, tag = image.rsplit(":", 1)
     probe = {"timeoutSeconds": PROBE_TIMEOUT_S}
     return {
@@ -86,6 +87,8 @@ def chart_values(image: str, shipped_config: str) -> dict[str, Any]:
             },
             "readinessProbe": dict(probe),
             "livenessProbe": dict(probe),
+            # On the box's first node: tests cut the others' power, which would take Kueue down with them
+            "nodeSelector": {"kubernetes.io/hostname": node},
         },
         "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(shipped_config))},
     }
@@ -139,6 +142,8 @@ class Kueue:
 
     kubeconfig: Path
     image: str
+    # The node its manager runs on
+    node: str
     # The values file and helm's own config, cache and data directories (kept out of $HOME)
     workdir: Path
     installed: bool = False
@@ -149,7 +154,7 @@ class Kueue:
         chart = chart_dir()
         self.workdir.mkdir(parents=True, exist_ok=True)
         values = self.workdir / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(self.image, shipped_manager_config(chart))))
+        values.write_text(yaml.safe_dump(chart_values(self.image, shipped_manager_config(chart), self.node)))
         # Before the manager starts, so its first watch of DDPJobs succeeds.
         rbac = self.workdir / "external-framework-rbac.json"
         rbac.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": external_framework_rbac()}))
@@ -261,6 +266,12 @@ class Kueue:
         if proc.returncode != 0:
             raise BoxError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()}")
         return proc.stdout
+
+    def apply(self, manifests: str) -> None:
+        """``kubectl apply`` of YAML documents (Kueue's webhooks serve by now: they check each object)."""
+        proc = self.try_kubectl("apply", "-f", "-", stdin=manifests)
+        if proc.returncode != 0:
+            raise BoxError(f"kubectl apply of Kueue's objects failed: {proc.stderr.strip()}")
 
     def try_kubectl(
         self, *args: str, stdin: str | None = None, timeout: float = 60

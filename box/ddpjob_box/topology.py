@@ -17,6 +17,9 @@ LABEL_PREFIX = "topology.ddpjob.dev/"
 """Each level's node label is this prefix and the level's name: ``topology.ddpjob.dev/rack``."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 """The innermost level of every Topology the box applies: one node, as Kueue needs to place pods on nodes."""
+POOL_LABEL = LABEL_PREFIX + "pool"
+"""On every node of a box with a topology: the node label the ResourceFlavor selects (Kueue needs at least one)."""
+POOL = "box"
 TOPOLOGY_NAME = "box-topology"
 """The Topology the box applies, and the ResourceFlavor that names it."""
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
@@ -68,7 +71,8 @@ def node_labels(levels: tuple[Level, ...], node_count: int) -> list[dict[str, st
         innermost = node // per_domain
         # the domain of each level: how many of its domains lie wholly before this node's innermost one
         inside = [math.prod(lv.count for lv in levels[i + 1 :]) for i in range(len(levels))]
-        labels.append({lv.label: f"{lv.name}-{innermost // n}" for lv, n in zip(levels, inside, strict=True)})
+        place = {lv.label: f"{lv.name}-{innermost // n}" for lv, n in zip(levels, inside, strict=True)}
+        labels.append({POOL_LABEL: POOL, **place})
     return labels
 
 
@@ -79,4 +83,15 @@ def topology_object(levels: tuple[Level, ...]) -> dict[str, Any]:
         "kind": "Topology",
         "metadata": {"name": TOPOLOGY_NAME},
         "spec": {"levels": [{"nodeLabel": lv.label} for lv in levels] + [{"nodeLabel": HOSTNAME_LABEL}]},
+    }
+
+
+def resource_flavor() -> dict[str, Any]:
+    """The ResourceFlavor of the box's nodes that names the Topology: a ClusterQueue that grants it places its
+    workloads by topology."""
+    return {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": TOPOLOGY_NAME},
+        "spec": {"nodeLabels": {POOL_LABEL: POOL}, "topologyName": TOPOLOGY_NAME},
     }

@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import exit_messages, progress, progress_fold, queueing
+from ddpjob_operator import exit_messages, progress, progress_fold, queueing, topology
 from ddpjob_operator.actions import RESYNC_SECONDS, Plan, deletable, soonest
 from ddpjob_operator.api import Job
 from ddpjob_operator.events import Event
@@ -120,10 +120,28 @@ def _plan(
     job = as_admitted(job, status)
     if status.attempt != view.status.attempt or job.spec.replicas != view.job.spec.replicas:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
-    if queued.placement.spans:
-        status = replace(status, spans=queued.placement.spans)
     the_plan = _plan_for(job, status, obs, now, events, placement is Placement.GANG)
-    return replace(the_plan, placement=queued.placement) if queued.may_run() else the_plan
+    the_plan = replace(the_plan, status=_spanned(job, the_plan.status, nodes))
+    if not queued.may_run():
+        return the_plan
+    return _awaiting_replacement(replace(the_plan, placement=queued.placement), nodes)
+
+
+def _awaiting_replacement(the_plan: Plan, nodes: NodeHealth) -> Plan:
+    """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost or sick:
+    Kueue replaces it (or evicts the job) first, and writes the Workload, which wakes the job. A pod made sooner
+    could be ungated onto the bad node, never bound, and failed by Kueue: one restart more."""
+    bad = [n for n in the_plan.placement.assigned_nodes if nodes.why(n)]
+    if not bad or not the_plan.create_ranks:
+        return the_plan
+    return replace(the_plan, create_ranks=(), create_pod_group=False, create_service=False)
+
+
+def _spanned(job: Job, status: JobStatus, nodes: NodeHealth) -> JobStatus:
+    """Under a topology request: the domains of its level that the ranks' nodes are in (kept once the pods go)."""
+    level = topology.level((job.spec.template.get("metadata") or {}).get("annotations") or {})
+    found = topology.spans(level, status.nodes, nodes.labels) if level else ""
+    return replace(status, spans=found) if found else status
 
 
 def as_admitted(job: Job, status: JobStatus) -> Job:

@@ -16,6 +16,8 @@ class NodeHealth:
     lost: Mapping[str, str] = field(default_factory=dict)
     sick: Mapping[str, str] = field(default_factory=dict)
     exclusion_seconds: float = EXCLUSION_SECONDS
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Each node's labels (its place in racks and blocks, for ``status.placement.spans``)."""
 
     def why(self, node: str) -> str:
         return self.lost.get(node) or self.sick.get(node) or ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch
@@ -48,10 +49,12 @@ class NodeWatch(ListWatch):
         self._verdicts: dict[str, tuple[str, str]] = {}
         """Each known node's (why lost, why sick); a node deleted is lost until its name is seen again."""
         self._health = NodeHealth(exclusion_seconds=exclusion_seconds)
+        self._labels: dict[str, Mapping[str, str]] = {}
+        """Each node's labels, copied anew when one changes (read without the lock)."""
         self._lock = threading.Lock()
 
     def health(self) -> NodeHealth:
-        return self._health
+        return replace(self._health, labels=self._labels)
 
     def _list(self, namespace: str) -> str:
         items, version = self._kube.list_nodes()
@@ -71,7 +74,12 @@ class NodeWatch(ListWatch):
 
     def _take(self, name: str, node: Mapping[str, Any] | None) -> None:
         verdict = node_loss.read(node, self._taints)
+        labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
         with self._lock:
+            if node is None and name in self._labels:
+                self._labels = {n: v for n, v in self._labels.items() if n != name}
+            elif node is not None and self._labels.get(name) != labels:
+                self._labels = {**self._labels, name: labels}
             if self._verdicts.get(name, ("", "")) == verdict and name in self._verdicts:
                 return
             self._verdicts[name] = verdict

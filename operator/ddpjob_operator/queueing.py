@@ -46,8 +46,8 @@ class Placement:
     topology_workload: str = ""
     """Placed by Kueue's topology-aware scheduling: the Workload its pods name for Kueue's topology ungater, which
     removes their gate and sets their nodeSelector to the domain of their rank. Empty: no topology."""
-    spans: str = ""
-    """The domains the assignment spans at the level above the node (``topology.spans``)."""
+    assigned_nodes: tuple[str, ...] = ()
+    """The nodes Kueue's topology assignment names (when its last level is the node)."""
 
     def apply(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod with this placement merged in (a template's own node selector wins no conflict: the flavor's
@@ -239,7 +239,7 @@ def _placement(assignment: Mapping[str, Any], flavors: Mapping[str, Mapping[str,
         tolerations=tuple(tolerations),
         labels={kueue.LABEL_POD_SET: kueue.POD_SET},
         topology_workload=workload if placed_by_topology else "",
-        spans=topology.spans(assignment),
+        assigned_nodes=topology.nodes(assignment),
     )
 
 

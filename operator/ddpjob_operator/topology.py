@@ -83,11 +83,29 @@ def _count(pods: Mapping[str, Any], i: int) -> int:
     return int(individual[i]) if i < len(individual) else 0
 
 
-def spans(assignment: Mapping[str, Any]) -> str:
-    """What ``kubectl get ddpj -o wide`` shows of a topology placement: the domains of the level just above the
-    node, as ``rack-0,rack-1`` (the nodes when the topology has no other level); empty without one."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def nodes(assignment: Mapping[str, Any]) -> tuple[str, ...]:
+    """The nodes a topology assignment names, in its order, when its last level is the node; else none."""
     levels, domains = assigned(assignment)
-    if not domains:
-        return ""
-    level = len(levels) - 2 if len(levels) > 1 else 0
-    return ",".join(dict.fromkeys(d.values[level] for d in domains if len(d.values) > level))
+    if not levels or levels[-1] != HOSTNAME_LABEL:
+        return ()
+    return tuple(d.values[-1] for d in domains if d.values)
+
+
+def level(annotations: Mapping[str, str]) -> str:
+    """The node label a job's placement is about (its required, preferred or slice level); empty: none."""
+    for key in (kueue.ANNOTATION_REQUIRED_TOPOLOGY, kueue.ANNOTATION_PREFERRED_TOPOLOGY,
+                kueue.ANNOTATION_SLICE_REQUIRED_TOPOLOGY):  # fmt: skip
+        if annotations.get(key):
+            return annotations[key]
+    return ""
+
+
+def spans(level_label: str, nodes: Sequence[str], labels: Mapping[str, Mapping[str, str]]) -> str:
+    """What ``kubectl get ddpj -o wide`` shows of a placement by topology: the values of the job's level on its ranks'
+    nodes, in rank order, as ``rack-0,rack-1`` (Kueue's assignment names only the nodes when the Topology's last level
+    is the hostname, so the nodes' own labels say the racks); empty when none is known."""
+    found = (labels.get(node, {}).get(level_label, "") for node in nodes if node)
+    return ",".join(dict.fromkeys(v for v in found if v))

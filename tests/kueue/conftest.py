@@ -21,11 +21,15 @@ import pytest
 from ddpjob_box.box import Box
 from ddpjob_box.errors import BoxError
 from ddpjob_box.kueue import Kueue
+from ddpjob_box.topology import parse as parse_topology
 from tests import workers
-from tests.conftest import stop_session_node
+from tests.conftest import GRACE, stop_session_node
 from tests.e2e.conftest import Kubectl
 
 QUEUES = Path(__file__).with_name("queues.yaml")
+NODES = 4
+TOPOLOGY = "rack=2"
+
 LOCAL_QUEUE = "user-queue"
 CLUSTER_QUEUE = "cluster-queue"
 
@@ -48,7 +52,15 @@ def kueue_cluster(request: pytest.FixtureRequest) -> Iterator[KueueCluster]:
         pytest.skip("the box's node, which runs Kueue, needs root")
     stop_session_node()  # these tests run last (tests/conftest.py): no later test needs that node
     with workers.host_lock(request.config, exclusive=False), tempfile.TemporaryDirectory(prefix="ddpjob-box-") as tmp:
-        box = Box(data_dir=Path(tmp) / "box", with_kueue=True, with_prometheus=False)
+        # 4 nodes in 2 racks, for topology-aware placement (test_topology.py); Kueue's manager on the first
+        box = Box(
+            data_dir=Path(tmp) / "box",
+            with_kueue=True,
+            with_prometheus=False,
+            node_count=NODES,
+            topology=parse_topology(TOPOLOGY),
+            controller_manager_args=GRACE,  # as the session's box: a cut node is NotReady in 20 s
+        )
         started = time.monotonic()
         try:
             box.start()  # stops what it started when it fails

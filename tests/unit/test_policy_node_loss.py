@@ -179,6 +179,24 @@ def test_the_node_watch_says_which_nodes_are_bad_and_wakes_only_on_a_change() ->
     assert watch.health().lost == {"b": "the node was deleted"} and watch.health().sick == {}
 
 
+def test_the_node_watch_keeps_each_nodes_labels_for_the_racks_a_job_spans_without_waking_a_job() -> None:
+    source = Nodes()
+    changed: list[str] = []
+    watch = NodeWatch(source, changed.append)
+    racked = node("a")
+    racked["metadata"]["labels"] = {"topology.ddpjob.dev/rack": "rack-0"}
+    source.items = [racked, node("b")]
+    watch._list("")
+    changed.clear()
+    assert watch.health().labels["a"] == {"topology.ddpjob.dev/rack": "rack-0"}
+    moved = node("a")
+    moved["metadata"]["labels"] = {"topology.ddpjob.dev/rack": "rack-1"}
+    watch._event("", "MODIFIED", moved)
+    assert watch.health().labels["a"] == {"topology.ddpjob.dev/rack": "rack-1"} and changed == []
+    watch._event("", "DELETED", node("b"))
+    assert "b" not in watch.health().labels
+
+
 def test_a_restart_that_came_first_from_a_peers_failure_is_put_down_to_the_node_lost_under_it_once() -> None:
     # A power cut: rank 1's processes die at once, rank 0's collective fails at once (a retryable failure, counted),
     # and rank 1's node is marked NotReady only after the grace period, its pod still Running there.

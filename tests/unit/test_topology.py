@@ -12,10 +12,12 @@ from ddpjob_contract.pods import LABEL_RANK
 from ddpjob_contract.status import Phase
 from ddpjob_operator import builders, queueing, topology
 from ddpjob_operator.api import Job, parse_job
+from ddpjob_operator.lifecycle import plan
+from ddpjob_operator.node_health import NodeHealth
 from ddpjob_operator.status import JobStatus, parse_status, pod_view
 
-from .factories import body
-from .test_admission import ADMITTED, run
+from .factories import body, pod
+from .test_admission import ADMITTED, T0, run
 from .test_lifecycle import FakeCluster
 
 RACK = "topology.ddpjob.dev/rack"
@@ -83,10 +85,16 @@ def test_the_domains_are_read_in_kueues_order_from_universal_and_individual_valu
     levels, domains = topology.assigned({"topologyAssignment": compact})
     assert levels == (RACK, HOST)
     assert domains == (topology.Domain(("rack-1", "box-node-2"), 1), topology.Domain(("rack-1", "box-node-3"), 2))
-    assert topology.spans({"topologyAssignment": compact}) == "rack-1"
-    two_racks = assignment(("rack-0", "box-node", 1), ("rack-1", "box-node-2", 1))
-    assert topology.spans({"topologyAssignment": two_racks}) == "rack-0,rack-1"
-    assert topology.spans({}) == ""
+    assert topology.assigned({}) == ((), ())
+
+
+def test_the_racks_spanned_are_the_jobs_level_on_its_ranks_nodes_in_rank_order() -> None:
+    labels = {"box-node": {RACK: "rack-0"}, "box-node-2": {RACK: "rack-1"}, "box-node-1": {RACK: "rack-0"}}
+    assert topology.spans(RACK, ("box-node-2", "box-node", "box-node-1"), labels) == "rack-1,rack-0"
+    assert topology.spans(RACK, ("box-node", ""), labels) == "rack-0"
+    assert topology.spans(RACK, ("unknown",), labels) == ""
+    assert topology.level({kueue.ANNOTATION_PREFERRED_TOPOLOGY: RACK}) == RACK
+    assert topology.level({kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY: "true"}) == ""
 
 
 def test_under_a_topology_assignment_each_rank_pod_is_gated_names_its_workload_and_the_job_says_its_racks() -> None:
@@ -94,7 +102,7 @@ def test_under_a_topology_assignment_each_rank_pod_is_gated_names_its_workload_a
     queued = run(j, JobStatus(), [], None).status
     wl = admitted(j, assignment(("rack-0", "box-node", 1), ("rack-1", "box-node-2", 1)))
     p = run(j, queued, [], wl)
-    assert p.create_ranks == (0, 1) and p.status.spans == "rack-0,rack-1"
+    assert p.create_ranks == (0, 1)
     pod = p.placement.apply(builders.pod(j, 1, p.status.attempt, gang=True))
     assert pod["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]
     assert pod["metadata"]["annotations"][kueue.ANNOTATION_WORKLOAD] == wl["metadata"]["name"]
@@ -138,6 +146,17 @@ def test_a_gated_gang_waits_for_kueues_topology_assignment_in_a_normal_event_nev
     assert c.status.nodes == ("box-node", "box-node-2")
 
 
+def test_a_job_asking_for_a_level_says_the_racks_its_ranks_nodes_are_in_and_keeps_them_once_done() -> None:
+    j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+    racks = NodeHealth(labels={"box-node": {RACK: "rack-0"}, "box-node-1": {RACK: "rack-0"}})
+    pods = [pod(j, 0, node="box-node", phase="Running"), pod(j, 1, node="box-node-1", phase="Running")]
+    status = plan(j, JobStatus(), [], T0, nodes=racks).status
+    running = plan(j, status, pods, T0, nodes=racks).status
+    assert (running.nodes, running.spans) == (("box-node", "box-node-1"), "rack-0")
+    gone = plan(j, running, [], T0, nodes=racks).status
+    assert gone.spans == "rack-0"
+
+
 def test_each_ranks_node_and_the_spans_round_trip_through_the_status() -> None:
     status = JobStatus(nodes=("box-node", ""), spans="rack-0")
     assert parse_status(status.to_dict()).nodes == ("box-node", "")
@@ -149,12 +168,25 @@ def test_queueing_reads_the_placement_as_topology_only_with_an_assignment() -> N
     j = tas_job(**{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
     name = queueing.workload_name(j.name, j.uid)
     read = queueing.read(j.queue, admitted(j, assignment(("rack-0", "box-node", 2))), {}, name=name)
-    assert read.placement.topology_workload == name and read.placement.spans == "rack-0"
+    assert read.placement.topology_workload == name
     plain = queueing.read(j.queue, admitted(j, None), {}, name=name)
-    assert plain.placement.topology_workload == "" and plain.placement.spans == ""
+    assert plain.placement.topology_workload == ""
 
 
 def test_a_pod_is_read_as_gated_by_kueues_topology_gate_only() -> None:
     gated = {"metadata": {"name": "train-0"}, "spec": {"schedulingGates": [{"name": kueue.TOPOLOGY_GATE}]}}
     other = {"metadata": {"name": "train-0"}, "spec": {"schedulingGates": [{"name": "example.com/other"}]}}
     assert pod_view(gated, "trainer").topology_gated and not pod_view(other, "trainer").topology_gated
+
+
+def test_no_pod_is_made_while_kueues_assignment_still_names_a_lost_node_until_kueue_replaces_it() -> None:
+    j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+    name = queueing.workload_name(j.name, j.uid)
+    queued = run(j, JobStatus(), [], None).status
+    lost = NodeHealth(lost={"box-node-2": "its Ready condition is Unknown"})
+    old = admitted(j, assignment(("rack-1", "box-node-2", 1), ("rack-1", "box-node-3", 1)))
+    held = plan(j, queued, [], T0, queued=queueing.read(j.queue, old, {}, name=name), nodes=lost)
+    assert held.create_ranks == () and held.placement.assigned_nodes == ("box-node-2", "box-node-3")
+    replaced = admitted(j, assignment(("rack-1", "box-node-3", 2)))
+    made = plan(j, held.status, [], T0, queued=queueing.read(j.queue, replaced, {}, name=name), nodes=lost)
+    assert made.create_ranks == (0, 1), "Kueue put the lost node's rank on the rack's other node"
