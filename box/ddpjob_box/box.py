@@ -46,9 +46,6 @@ class Box:
     node_count: int = 1
     # The nodes' places in racks and blocks (``--topology``, ddpjob_box.topology); with Kueue, its Topology too
     topology: tuple[Level, ...] = ()
-    # The first node runs the box's services (CoreDNS, kube-proxy, Kueue's manager) outside the topology: it gets no
-    # topology labels, so Kueue's topology flavor never places a rank there, and a test may cut any node that does
-    services_node: bool = False
     # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
     with_proxy: bool = True
     # Flags of the controller-manager (a shorter --node-monitor-grace-period for node-loss tests, as kind users do)
@@ -78,7 +75,7 @@ class Box:
     def start(self) -> None:
         if self.with_kueue and not self.with_node:
             raise BoxError("Kueue runs on the box's node: drop --no-node to use --kueue")
-        self.topology_labels(self.node_count)  # a topology the nodes cannot fill is refused before anything
+        node_labels(self.topology, self.node_count)  # a topology the nodes cannot fill is refused before anything
         self.plane = ControlPlane(
             data_dir=self.data_dir,
             apiserver_port=self.apiserver_port,
@@ -99,12 +96,6 @@ class Box:
         except BaseException:
             self.stop()
             raise
-
-    def topology_labels(self, count: int) -> list[dict[str, str]]:
-        """Each of ``count`` nodes' topology labels (none for the services node)."""
-        if self.services_node:
-            return [{}, *node_labels(self.topology, count - 1)]
-        return node_labels(self.topology, count)
 
     def node_slots(self) -> int:
         if self.slots is not None:
@@ -137,7 +128,7 @@ class Box:
                 importer=local_images.import_into_containerd,
                 images=[local_images.ensure_base(), *images],
                 taints=taints,
-                labels=labels if labels is not None else self.topology_labels(self.node_count)[0],
+                labels=labels if labels is not None else node_labels(self.topology, self.node_count)[0],
                 extended_resources={SLOT_RESOURCE: slots},
                 with_proxy=proxy,
                 cuttable=cuttable,
@@ -172,7 +163,7 @@ class Box:
         other named ``box-node-<i>``, with its own kubelet, containerd, cgroup root, bridge and /24, no kube-proxy
         or CoreDNS of its own (the first one's serve the box), and a kubelet link a test can cut (``cut_network``).
         Pods on different nodes reach each other through the host's routes between the bridges."""
-        labels = self.topology_labels(count)
+        labels = node_labels(self.topology, count)
         first = self.start_node(
             images=images, taints=taints, slots=slots, proxy=proxy, cuttable=count > 1, labels=labels[0]
         )

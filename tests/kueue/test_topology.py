@@ -2,8 +2,10 @@
 
 The box labels its nodes (topology.ddpjob.dev/rack: box-node and box-node-1 in rack-0, box-node-2 and box-node-3 in
 rack-1) and applies Kueue's Topology and the ResourceFlavor that names it; tests/kueue/topology-queues.yaml is the
-ClusterQueue an admin would add. Each rank here asks for all 8 example.com/slot of a node, so a rack holds 2 ranks.
-Nothing Kueue owns is mocked: Kueue assigns the domains and its ungater removes each pod's gate.
+ClusterQueue an admin would add. Each rank here asks for all 8 example.com/slot of a node, so a rack holds 2 ranks
+(but in the power cut's job: 4 each, in rack-1, away from box-node, which runs Kueue's manager).
+Nothing Kueue owns is mocked: Kueue assigns the domains, its ungater removes each pod's gate, and it replaces the
+node a power cut takes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from bench.node_loss import job_body, shared_claim
 from ddpjob_box.box import KUEUE_SLOTS
 from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.topology import LABEL_PREFIX
@@ -28,7 +31,7 @@ from tests.chart.helm import wait_established
 from tests.e2e.conftest import CRD
 
 from .conftest import KueueCluster
-from .test_ddpjob_under_kueue import WORKLOADS, Cluster, queued_job, wait_for
+from .test_ddpjob_under_kueue import SLOT, WORKLOADS, Cluster, queued_job, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +39,8 @@ QUEUES = Path(__file__).with_name("topology-queues.yaml")
 LOCAL_QUEUE = "topology-queue"
 CLUSTER_QUEUE = "topology-cluster-queue"
 RACK = LABEL_PREFIX + "rack"
+STEPS = 200
+"""The power cut's job: a checkpoint every 20 steps, so one is there before the cut."""
 
 
 @pytest.fixture
@@ -126,7 +131,7 @@ def test_a_rack_too_small_for_a_required_job_keeps_it_queued_with_kueues_reason_
     cluster.create(topology_job("tas-spread", 3, ANNOTATION_PREFERRED_TOPOLOGY))
     nodes = placed(cluster, "tas-spread", 3)
     assert len(set(nodes.values())) == 3 and {racks[n] for n in nodes.values()} == {"rack-0", "rack-1"}, nodes
-    status = cluster.wait_phase("tas-spread", "Succeeded", 600)
+    status = cluster.wait_phase("tas-spread", "Running", 300)  # it runs: test 1 shows a job of this queue to its end
     assert status["placement"]["spans"] == "rack-0,rack-1", status
 
 
@@ -137,4 +142,49 @@ def test_ring_neighbours_share_a_rack_ranks_0_1_in_one_and_2_3_in_the_other(
     nodes = placed(cluster, "tas-ring", 4)
     by_rank = [racks[nodes[rank]] for rank in range(4)]
     assert by_rank[0] == by_rank[1] != by_rank[2] == by_rank[3], (nodes, racks)
-    cluster.wait_phase("tas-ring", "Succeeded", 600)
+    # the ring 0-1-2-3-0 crosses between racks twice, the least 2 racks allow (ranks alternating: 4 times)
+    assert sum(by_rank[r] != by_rank[(r + 1) % 4] for r in range(4)) == 2
+    cluster.wait_phase("tas-ring", "Running", 300)
+
+
+def test_a_power_cut_under_a_placed_rank_is_replaced_by_kueue_in_the_same_rack_and_the_job_resumes_once(
+    cluster: Cluster, racks: dict[str, str], kueue_cluster: KueueCluster
+) -> None:
+    claim = shared_claim("tas-ckpt")
+    cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", **claim})
+    body = job_body("tas-cut", "tas-ckpt", steps=STEPS)
+    spec = body["spec"]["template"]["spec"]
+    del spec["affinity"]  # Kueue's assignment places the ranks, not a spread of our own
+    spec["nodeSelector"] = {RACK: "rack-1"}  # Kueue's topology assignment honours it: never box-node's rack
+    spec["containers"][0]["resources"] = {"requests": {SLOT: "4", "cpu": "100m"}, "limits": {SLOT: "4"}}
+    body["metadata"]["labels"] = {LABEL_QUEUE_NAME: LOCAL_QUEUE}
+    body["spec"]["template"]["metadata"] = {"annotations": {ANNOTATION_REQUIRED_TOPOLOGY: RACK}}
+    cluster.create(body)
+    before = placed(cluster, "tas-cut", 2)
+    wait_for("a checkpoint", lambda: (cluster.status("tas-cut").get("lastCheckpoint") or {}).get("step"), 300)
+    rack = racks[before[1]]
+    assert racks[before[0]] == rack, before
+    cut = kueue_cluster.box.node_named(before[1])
+    cut.power_cut()
+    try:
+        final = wait_for("the job to end", lambda: (s := cluster.status("tas-cut")).get("phase") in (
+            "Succeeded", "Failed") and s, 600)  # fmt: skip
+        assert final["phase"] == "Succeeded", cluster.explain("tas-cut")
+        assert final["restarts"] == 1 and final["progress"]["step"] == STEPS, final
+        said = "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}"
+        events = cluster.run("get", "events", "-n", cluster.ns, "--field-selector", "involvedObject.name=tas-cut",
+                             "-o", said).stdout  # fmt: skip
+        assert [line for line in events.splitlines() if line.startswith("NodeLost") and cut.name in line], events
+        assert not [line for line in events.splitlines() if line.startswith("EvictedByKueue")], "replaced, not evicted"
+        print(f"--- the job's Events:\n{events}")
+        after = final["placement"]["nodes"]
+        assert cut.name not in after and {racks[n] for n in after} == {rack}, (before, after, racks)
+        (workload,) = cluster.get(WORKLOADS)["items"]
+        named = json.dumps(workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"])
+        assert cut.name not in named, f"Kueue replaced {cut.name} in its assignment: {named}"
+        resumed = [line for rank in range(2) for line in cluster.log(f"tas-cut-{rank}").splitlines()]
+        assert any("resumed from step" in line for line in resumed), resumed[-20:]
+    finally:
+        cut.power_on()
+    wait_for(f"no pod of the job on {cut.name}", lambda: not [
+        p for p in cluster.pods("tas-cut") if p["spec"].get("nodeName") == cut.name], 120)  # fmt: skip
