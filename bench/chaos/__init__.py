@@ -6,6 +6,7 @@
     python -m bench.chaos --replay 1:37,1:38        # those two again, side by side
     python -m bench.chaos --runs 40 --kueue         # Kueue in the box, every job queued, two more faults
     python -m bench.chaos --runs 40 --nodes 3 --parallel 4   # 3 real nodes, and node faults
+    python -m bench.chaos --runs 40 --kueue --nodes 4 --parallel 4   # 2 racks of 2 nodes: half the jobs by topology
 
 The box with its node, the trainer image, and the operator as its own process, watching one namespace
 per run going on at once (the chart's namespaced mode). Each run creates a 2-rank tinycnn DDPJob that
@@ -45,6 +46,12 @@ that runs one of the run's ranks. The node comes back once the job runs again in
 later), after a drawn 0-20 s more; one node is down at a time. The cut costs the run's job exactly one restart. A
 cut also hits every other run's job with a live rank on that node: each such hit may cost that job one restart
 more (one, or none when the cut merged into a restart already under way), and it is checked as a range.
+
+With ``--kueue`` and a topology (``--topology rack=2``, the default with ``--kueue --nodes 4``), the box's nodes
+are in racks and every other namespace's ClusterQueue grants the box's topology flavor: its jobs require one rack
+(Kueue's topology-aware scheduling; their pods gated until Kueue places them), and a cut node under one of them is
+replaced by Kueue in its assignment or the job evicted, as Kueue decides. Under ``--kueue``, the node that runs
+Kueue's manager (box-node) is never cut.
 
 Each run is one JSON line in ``bench/results/chaos.jsonl``; a violating run keeps its faults'
 timeline, the job's Events, the operator's log tail, the box's audit lines for the job's pods, Service

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpjob_box import images
-from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
+from ddpjob_contract.kueue import ANNOTATION_REQUIRED_TOPOLOGY, LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 
 SLOT = "example.com/slot"
 GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
@@ -58,8 +58,9 @@ def backoff_limit(index: int) -> int:
     return 0 if index % SPARELESS_EVERY == SPARELESS_EVERY - 1 else BACKOFF_LIMIT
 
 
-def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False) -> dict[str, Any]:
-    """The run's job; with ``kueue``, queued in the namespace's LocalQueue at low priority, a slot per rank."""
+def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False, rack: str = "") -> dict[str, Any]:
+    """The run's job; with ``kueue``, queued in the namespace's LocalQueue at low priority, a slot per rank; with
+    ``rack`` (a node label), placed by Kueue's topology-aware scheduling, every rank in one domain of it."""
     args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
             "--log-interval", "5", "--steps", str(STEPS), "--checkpoint-interval", "10",
             "--slow-rank", "0", "--slow-seconds", "0.15", "--pg-timeout-seconds", "60"]  # fmt: skip
@@ -77,7 +78,10 @@ def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False)
             "progressDeadlineSeconds": 20,  # a hung (SIGSTOPped) rank is restarted well before the 60 s timeout
             "runPolicy": {"backoffLimit": backoff_limit},
             "checkpoint": {"claimName": claim},
-            "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container]}},
+            "template": {
+                "metadata": {"annotations": {ANNOTATION_REQUIRED_TOPOLOGY: rack} if rack else {}},
+                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
+            },
         },
     }
 
@@ -92,9 +96,10 @@ class JobRef:
     claim: str
 
 
-def kueue_queues(namespace: str) -> list[tuple[str, dict[str, Any]]]:
-    """(plural, body): a ClusterQueue of 2 slots for this namespace alone, its LocalQueue (namespaced), and what
-    they share (a flavor, the two priorities: made once, 409 after)."""
+def kueue_queues(namespace: str, flavor: str = "chaos-flavor") -> list[tuple[str, dict[str, Any]]]:
+    """(plural, body): a ClusterQueue of 2 slots of ``flavor`` for this namespace alone, its LocalQueue (namespaced),
+    and what they share (a flavor, the two priorities: made once, 409 after). The box's topology flavor
+    (``ddpjob_box.topology.TOPOLOGY_NAME``) places the namespace's jobs by topology."""
     api = "kueue.x-k8s.io/v1beta2"
     quota = [{"name": "cpu", "nominalQuota": 8}, {"name": "memory", "nominalQuota": "16Gi"},
              {"name": SLOT, "nominalQuota": 2}]  # fmt: skip
@@ -103,7 +108,7 @@ def kueue_queues(namespace: str) -> list[tuple[str, dict[str, Any]]]:
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                  "preemption": {"withinClusterQueue": "LowerPriority"},
                  "resourceGroups": [{"coveredResources": ["cpu", "memory", SLOT],
-                                     "flavors": [{"name": "chaos-flavor", "resources": quota}]}]},
+                                     "flavors": [{"name": flavor, "resources": quota}]}]},
     }  # fmt: skip
     return [
         ("resourceflavors", {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": "chaos-flavor"}}),

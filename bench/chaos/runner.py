@@ -66,7 +66,8 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
 
     stack.call(stack.core.create_namespaced_persistent_volume_claim, job.namespace, stack.claim(job))
-    stack.create_job(job, chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue))
+    body = chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue, rack=stack.rack_of(namespace))
+    stack.create_job(job, body)
     watchdog = Watchdog(stack, job)
     try:
         for fault in faults:
@@ -249,6 +250,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
     parser.add_argument("--kueue", action="store_true", help="Kueue in the box, every job queued, and its faults")
     parser.add_argument("--nodes", type=int, default=1, help="real nodes in the box; more than 1 adds NODE_FAULTS")
+    parser.add_argument(
+        "--topology",
+        default=None,
+        metavar="LEVEL=COUNT,...",
+        help="the box's racks (ddpjob cluster up --topology); with --kueue, every other namespace's jobs are placed "
+        "by Kueue's topology-aware scheduling, all ranks in one domain of the last level (default with --kueue and "
+        "4 or more nodes, an even number: rack=2)",
+    )
     args = parser.parse_args(argv)
     stop_on_sigterm()
     seed, runs, parallel = args.seed, list(range(args.runs)), args.parallel
@@ -258,7 +267,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--replay {args.replay}: the runs must share one seed")
         seed, runs, parallel = pairs[0][0], [run for _, run in pairs], len(pairs)
     started = time.monotonic()
-    with chaos_stack(parallel, kueue=args.kueue, nodes=args.nodes) as stack:
+    topology = args.topology
+    if topology is None:
+        topology = "rack=2" if args.kueue and args.nodes >= 4 and args.nodes % 2 == 0 else ""
+    with chaos_stack(parallel, kueue=args.kueue, nodes=args.nodes, topology=topology) as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
         assert stack.box.plane is not None
         restarted, fired = list(stack.box.plane.restarted), list(stack.fired)

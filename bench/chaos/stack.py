@@ -20,6 +20,7 @@ from bench.chaos.job import GROUP, PLURAL, VERSION, JobRef, kueue_queues
 from bench.common import log, wait_until
 from bench.node_loss import bring_back_node, cut_node
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS
+from ddpjob_box.topology import LABEL_PREFIX, TOPOLOGY_NAME
 from ddpjob_contract import faults as operator_faults
 
 NODE_DOWN_SECONDS = 120
@@ -37,6 +38,8 @@ class Stack:
     may kill or arm and which this keeps running."""
 
     def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path, *, kueue: bool = False) -> None:
+        # With Kueue on a box with a topology, every other namespace's jobs are placed by it (a rack each)
+        self.rack = f"{LABEL_PREFIX}{box.topology[-1].name}" if kueue and box.topology else ""
         from kubernetes import client, config
 
         from ddpjob_box.operator_process import OperatorProcess
@@ -113,7 +116,7 @@ class Stack:
     def _make_queues(self, namespace: str) -> None:
         from kubernetes.client.rest import ApiException
 
-        for plural, body in kueue_queues(namespace):
+        for plural, body in kueue_queues(namespace, TOPOLOGY_NAME if self.rack_of(namespace) else "chaos-flavor"):
             try:
                 if plural == "localqueues":
                     self.call(self.custom.create_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
@@ -238,6 +241,11 @@ class Stack:
                 raise
             raise NotInjected(f"{pod} is gone (the job is restarting)") from None
 
+    def rack_of(self, namespace: str) -> str:
+        """The node label a namespace's jobs are placed in one domain of (Kueue's topology); empty: none."""
+        index = self.namespaces.index(namespace) if namespace in self.namespaces else 0
+        return self.rack if index % 2 else ""
+
     def cut_node(self, job: JobRef, pod: str, fault: str, back_after: float) -> str:
         """The power or the network of the node that runs ``pod`` cut; a thread brings it back once the job runs
         again in a later attempt (or after NODE_DOWN_SECONDS), ``back_after`` seconds later. Every other job with a
@@ -248,6 +256,8 @@ class Stack:
         if not self._node_down.acquire(blocking=False):
             raise NotInjected("another node is down")
         node = self.box.node_named(body.spec.node_name)
+        if self.kueue and node is self.box.node:
+            raise NotInjected(f"{node.name} runs Kueue's manager")
         attempt = int((status_now(self, job).get("attempt")) or 0)
         try:
             on_it = self.call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node.name}")
@@ -349,13 +359,14 @@ def restarted_or_over(stack: Stack, job: JobRef, attempt: int) -> Callable[[], d
 
 
 @contextmanager
-def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1) -> Iterator[Stack]:
+def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1, topology: str = "") -> Iterator[Stack]:
     """A box with its ``nodes`` (the controller-manager's NODE_GRACE with several) and the trainer image, the CRD, a
     namespace per run going on at once, and the operator, watching those namespaces (the chart's namespaced
     mode)."""
     from bench.apiserver import Api
     from bench.operator_scale import apply_crd
     from ddpjob_box.box import Box
+    from ddpjob_box.topology import parse as parse_topology
 
     with (
         tempfile.TemporaryDirectory(prefix="ddpjob-chaos-") as tmp,
@@ -364,6 +375,7 @@ def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1) -> Iterator[
             with_prometheus=False,
             with_kueue=kueue,
             node_count=nodes,
+            topology=parse_topology(topology),
             controller_manager_args=list(NODE_GRACE) if nodes > 1 else [],
         ) as box,
     ):

@@ -91,6 +91,17 @@ def test_with_kueue_the_draw_adds_preemption_and_a_kueue_restart_and_leaves_the_
     assert chaos_job("j", "c", 5)["metadata"]["labels"] == {}
 
 
+def test_a_topology_run_requires_one_rack_of_its_queue_whose_flavor_is_the_boxs_topology_flavor() -> None:
+    from bench.chaos.job import chaos_job, kueue_queues
+
+    racked = chaos_job("j", "c", 5, kueue=True, rack="topology.ddpjob.dev/rack")
+    annotations = racked["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"kueue.x-k8s.io/podset-required-topology": "topology.ddpjob.dev/rack"}
+    assert chaos_job("j", "c", 5, kueue=True)["spec"]["template"]["metadata"]["annotations"] == {}
+    (cq,) = [body for plural, body in kueue_queues("ns", "box-topology") if plural == "clusterqueues"]
+    assert [f["name"] for f in cq["spec"]["resourceGroups"][0]["flavors"]] == ["box-topology"]
+
+
 def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it_begins() -> None:
     lines = [f"chaos/chaos-1-24: line {i}" for i in range(3)] + ["chaos/chaos-1-2: other", "pod chaos-1-24-0 gone"]
     filler = "x" * 5000
