@@ -23,6 +23,14 @@ def pod_spec(**fields: Any) -> Spec:
     return {"spec": {"containers": [copy.deepcopy(TRAINER)], **fields}}
 
 
+KUEUE = "kueue.x-k8s.io/"
+
+
+def annotated(annotations: dict[str, str]) -> Spec:
+    """A template whose pods carry ``annotations`` (Kueue's topology requests among them)."""
+    return {"metadata": {"annotations": annotations}, "spec": {"containers": [copy.deepcopy(TRAINER)]}}
+
+
 def without(key: str) -> Callable[[Spec], None]:
     return lambda body: body["spec"].pop(key)
 
@@ -94,6 +102,17 @@ INVALID: list[tuple[str, str, Any, str]] = [
     ("checkpoint with no source", "j", {"checkpoint": {"mountPath": "/c"}}, "spec.checkpoint"),
     ("relative checkpoint mountPath", "j", {"checkpoint": {"emptyDir": {}, "mountPath": "ckpt"}},
      "spec.checkpoint.mountPath"),
+    ("required and preferred topology at once", "j",
+     {"template": annotated({f"{KUEUE}podset-required-topology": "rack", f"{KUEUE}podset-preferred-topology": "rack"})},
+     "spec.template.metadata.annotations may set only one of"),
+    ("unconstrained topology neither true nor false", "j",
+     {"template": annotated({f"{KUEUE}podset-unconstrained-topology": "yes"})},
+     "spec.template.metadata.annotations['kueue.x-k8s.io/podset-unconstrained-topology']"),
+    ("a slice level without its size", "j", {"template": annotated({f"{KUEUE}podset-slice-required-topology": "rack"})},
+     "spec.template.metadata.annotations: kueue.x-k8s.io/podset-slice-required-topology and"),
+    ("a slice size that is no number", "j",
+     {"template": annotated({f"{KUEUE}podset-slice-required-topology": "rack", f"{KUEUE}podset-slice-size": "two"})},
+     "spec.template.metadata.annotations['kueue.x-k8s.io/podset-slice-size']"),
 ]  # fmt: skip
 
 
@@ -127,7 +146,9 @@ def test_the_table_has_at_least_twenty_cases() -> None:
                           "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "All",
                           "suspend": True},
             "checkpoint": {"emptyDir": {"sizeLimit": "1Gi"}, "mountPath": "/ckpt"},
-            "template": {"metadata": {"labels": {"team": "a"}}, "spec": {
+            "template": {"metadata": {"labels": {"team": "a"}, "annotations": {
+                f"{KUEUE}podset-required-topology": "rack", f"{KUEUE}podset-slice-required-topology": "host",
+                f"{KUEUE}podset-slice-size": "1"}}, "spec": {
                 "containers": [{**TRAINER, "env": [{"name": "LR", "value": "0.1"}], "futureField": 1},
                                {"name": "sidecar", "image": "busybox", "env": [{"name": "RANK", "value": "x"}]}],
                 "nodeSelector": {"pool": "gpu"}, "tolerations": [{"operator": "Exists"}], "priorityClassName": "p",

@@ -160,7 +160,7 @@ def batch_job(name: str) -> dict[str, Any]:
     }
 
 
-def test_a_queued_batch_job_is_suspended_admitted_and_runs_to_completion_on_the_node(
+def test_a_queued_batch_job_is_suspended_admitted_and_runs_to_completion_on_a_node(
     kueue_cluster: KueueCluster, queues: str, tmp_path: Path
 ) -> None:
     kubectl, ns = kueue_cluster.kubectl, queues
@@ -188,7 +188,8 @@ def test_a_queued_batch_job_is_suspended_admitted_and_runs_to_completion_on_the_
     )
     assert job["spec"]["suspend"] is False
     pods = get(kubectl, "pods", "-n", ns, "-l", "job-name=hello")["items"]
-    assert [p["spec"]["nodeName"] for p in pods] == [NODE_NAME]
+    (placed,) = [p["spec"]["nodeName"] for p in pods]
+    assert placed in {node.name for node in kueue_cluster.box.nodes}, "on one of the box's real nodes"
     assert "ran under Kueue" in kubectl("logs", "-n", ns, "job/hello").stdout
     wait_for("the Workload to be Finished", lambda: (w := workload()) and is_true(w, "Finished"), 60)
 
