@@ -19,6 +19,7 @@ from ddpjob_box.errors import BoxError
 from ddpjob_box.kubenode.node import KubeletNode
 from ddpjob_box.kubenode.subnet import pick_subnet
 from ddpjob_box.kueue import Kueue
+from ddpjob_box.kwok import SimulatedNodes
 from ddpjob_box.processes import Component
 from ddpjob_box.prometheus import Prometheus
 from ddpjob_box.provisioner import SHARED_STORAGE_CLASS, STORAGE_CLASS, storage_class
@@ -44,6 +45,8 @@ class Box:
     slots: int | None = None
     # Nodes: the first one runs kube-proxy and the box's one CoreDNS; the others, named box-node-1..., use them
     node_count: int = 1
+    # KWOK's simulated GPU hosts (ddpjob_box.kwok), beside the real nodes, in the same racks and blocks
+    simulated_nodes: int = 0
     # The nodes' places in racks and blocks (``--topology``, ddpjob_box.topology); with Kueue, its Topology too
     topology: tuple[Level, ...] = ()
     # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
@@ -59,6 +62,7 @@ class Box:
     node: KubeletNode | None = None
     extra_nodes: list[KubeletNode] = field(default_factory=list)
     provisioner: Component | None = None
+    simulated: SimulatedNodes | None = None
     prometheus: Prometheus | None = None
     kueue: Kueue | None = None
     # Nodes started so far: each gets its own bridge and /24. A node started where an earlier one of this box
@@ -89,6 +93,8 @@ class Box:
                 kueue_image = [local_images.ensure_kueue()] if self.with_kueue else []
                 shipped = [*local_images.shipped_images(), *kueue_image]
                 self.start_nodes(self.node_count, images=shipped, slots=self.node_slots(), proxy=self.with_proxy)
+            if self.simulated_nodes:
+                self.start_simulated_nodes()
             if self.with_kueue:
                 self.start_kueue()
             if self.with_prometheus:
@@ -205,6 +211,15 @@ class Box:
             )
             self.provisioner.start()
 
+    def start_simulated_nodes(self) -> SimulatedNodes:
+        """KWOK and its ``simulated_nodes`` GPU hosts, Ready."""
+        assert self.plane is not None
+        if self.simulated is None:
+            simulated = SimulatedNodes(self.plane, self.data_dir / "kwok", self.simulated_nodes, self.topology)
+            self.simulated = simulated  # before it starts: a half-started KWOK is still stopped with the box
+            simulated.start()
+        return self.simulated
+
     def start_kueue(self) -> Kueue:
         """Install Kueue from its chart, its manager on the box's node from the locally built image, and wait
         until it is ready (``Box.kueue.stop()`` and ``.start()`` then take it down and up again for tests)."""
@@ -267,7 +282,7 @@ class Box:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        for component in (self.prometheus, self.provisioner):
+        for component in (self.prometheus, self.provisioner, self.simulated):
             if component:
                 component.stop()
         # Kueue's objects live in the plane's etcd and its pod on the node: both go below.

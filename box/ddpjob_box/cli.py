@@ -44,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "box-node, box-node-1...; one kube-proxy and one CoreDNS serve them all (docs/box.md)",
     )
     up.add_argument(
+        "--simulated-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N simulated 8-GPU hosts (KWOK, built from the Go module proxy: tools/kwok), tainted "
+        "kwok.x-k8s.io/node=fake:NoSchedule, whose pods run until their pod-complete.stage.kwok.x-k8s.io/delay "
+        "and Succeed (docs/box.md)",
+    )
+    up.add_argument(
         "--topology",
         default="",
         metavar="LEVEL=COUNT,...",
@@ -78,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     )
     with temp as tmp:
         data_dir = args.data_dir or Path(tmp) / "box"
+        if args.simulated_nodes < 0:
+            print("ddpjob: --simulated-nodes must be 0 or more", file=sys.stderr)
+            return 2
         if args.nodes < 1 or (args.nodes > 1 and not args.node):
             print("ddpjob: --nodes must be 1 or more, and needs --node: drop --no-node or --nodes", file=sys.stderr)
             return 2
@@ -97,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             with_prometheus=args.node,
             with_kueue=args.kueue,
             node_count=args.nodes,
+            simulated_nodes=args.simulated_nodes,
             topology=topology,
             controller_manager_args=grace,
         )
@@ -108,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             for node in box.nodes:
                 place = "".join(f", {k.removeprefix(TOPOLOGY_PREFIX)} {v}" for k, v in node.labels.items())
                 print(f"node {node.name} Ready ({node.subnet}{place}); it runs {', '.join(node.images)}", flush=True)
+            if box.simulated is not None:
+                print(f"{box.simulated.count} simulated nodes Ready (KWOK; log {box.simulated.log_path})", flush=True)
             if box.kueue is not None:
                 print(f"Kueue ready in namespace kueue-system, its manager from {box.kueue.image}", flush=True)
             if box.prometheus is not None:

@@ -174,6 +174,22 @@ def kueue_module_dir() -> Path:
     return go_module_dir("kueue", "sigs.k8s.io/kueue", kueue_version())
 
 
+def kwok_version() -> str:
+    """The KWOK release tools/kwok/go.mod pins (e.g. v0.8.0)."""
+    return _required_version("kwok", "sigs.k8s.io/kwok")
+
+
+def kwok_build() -> GoBuild:
+    """KWOK's controller, for the box's simulated nodes (ddpjob_box.kwok)."""
+    kwok = kwok_version()
+    return GoBuild(
+        module_dir="kwok",
+        key=f"kwok-{kwok}",
+        packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        ldflags="-s -w",
+    )
+
+
 def training_operator_version() -> str:
     """The Kubeflow training-operator release tools/training-operator/go.mod pins (e.g. v1.9.3)."""
     return _required_version("training-operator", TRAINING_OPERATOR_MODULE)
@@ -375,7 +391,7 @@ def builds_for(purpose: str) -> tuple[GoBuild, ...]:
     if purpose == "demo":
         return demo
     if purpose == "test":
-        return (*demo, promtool_build(), kueue_build())
+        return (*demo, promtool_build(), kueue_build(), kwok_build())
     raise ValueError(f"unknown purpose {purpose!r}: choose one of {', '.join(PURPOSES)}")
 
 

@@ -29,6 +29,8 @@ from tests.e2e.conftest import Kubectl
 QUEUES = Path(__file__).with_name("queues.yaml")
 NODES = 4
 TOPOLOGY = "rack=2"
+SIMULATED_NODES = 4
+"""KWOK's simulated GPU hosts beside the real nodes (test_simulated.py), 2 per rack."""
 
 LOCAL_QUEUE = "user-queue"
 CLUSTER_QUEUE = "cluster-queue"
@@ -59,6 +61,7 @@ def kueue_cluster(request: pytest.FixtureRequest) -> Iterator[KueueCluster]:
             with_prometheus=False,
             node_count=NODES,
             topology=parse_topology(TOPOLOGY),
+            simulated_nodes=SIMULATED_NODES,
             controller_manager_args=GRACE,  # as the session's box: a cut node is NotReady in 20 s
         )
         started = time.monotonic()
