@@ -54,9 +54,10 @@ test read a step below the one its slowdown ended at (121 < 150) once the flag h
 2026-11-29 (f60a65f, 48 min with other work beside it) the e2e group's tests took about 2,800 s, the box group's
 about 2,400 s: the killed-rank resume test (159 s) moved here."""
 BOX_GROUPS = (E2E, BOX)
-NODES = {E2E: 3, BOX: 1}
+NODES = {E2E: 3, BOX: 4}
 """The nodes each box group runs at most at once: the e2e group's node tests (tests/e2e/test_nodes.py) add two to
-its node. The setup fills a node store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
+its node, and the box group's Kueue box has 4 (2 racks, tests/kueue/test_topology.py). The setup fills a node
+store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
 RUN_ENV = "DDPJOB_TEST_RUN"
 """Set by the controlling pytest process: the lock file its workers share."""
 

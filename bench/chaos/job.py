@@ -58,9 +58,12 @@ def backoff_limit(index: int) -> int:
     return 0 if index % SPARELESS_EVERY == SPARELESS_EVERY - 1 else BACKOFF_LIMIT
 
 
-def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False, rack: str = "") -> dict[str, Any]:
+def chaos_job(
+    name: str, claim: str, backoff_limit: int, *, kueue: bool = False, rack: str = "", avoid: str = ""
+) -> dict[str, Any]:
     """The run's job; with ``kueue``, queued in the namespace's LocalQueue at low priority, a slot per rank; with
-    ``rack`` (a node label), placed by Kueue's topology-aware scheduling, every rank in one domain of it."""
+    ``rack`` (a node label), placed by Kueue's topology-aware scheduling, every rank in one domain of it; ``avoid``:
+    a node its ranks never go to (the one that runs Kueue's manager, which node faults spare)."""
     args = ["--model", "tinycnn", "--image-size", "16", "--batch-size", "8", "--num-workers", "0",
             "--log-interval", "5", "--steps", str(STEPS), "--checkpoint-interval", "10",
             "--slow-rank", "0", "--slow-seconds", "0.15", "--pg-timeout-seconds", "60"]  # fmt: skip
@@ -69,6 +72,11 @@ def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False,
     if kueue:
         labels = {LABEL_QUEUE_NAME: QUEUE, LABEL_PRIORITY_CLASS: LOW}
         container["resources"] = {"requests": {SLOT: "1"}, "limits": {SLOT: "1"}}
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+    if avoid:
+        away = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [avoid]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [away]}]}}}  # fmt: skip
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "DDPJob",
@@ -80,7 +88,7 @@ def chaos_job(name: str, claim: str, backoff_limit: int, *, kueue: bool = False,
             "checkpoint": {"claimName": claim},
             "template": {
                 "metadata": {"annotations": {ANNOTATION_REQUIRED_TOPOLOGY: rack} if rack else {}},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
+                "spec": spec,
             },
         },
     }

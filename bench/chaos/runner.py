@@ -66,7 +66,8 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         result.timeline.append(f"{time.monotonic() - started:6.1f}s {what}")
 
     stack.call(stack.core.create_namespaced_persistent_volume_claim, job.namespace, stack.claim(job))
-    body = chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue, rack=stack.rack_of(namespace))
+    placed = {"rack": stack.rack_of(namespace), "avoid": stack.avoid}
+    body = chaos_job(job.name, job.claim, result.backoff_limit, kueue=stack.kueue, **placed)
     stack.create_job(job, body)
     watchdog = Watchdog(stack, job)
     try:

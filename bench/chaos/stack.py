@@ -40,6 +40,8 @@ class Stack:
     def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path, *, kueue: bool = False) -> None:
         # With Kueue on a box with a topology, every other namespace's jobs are placed by it (a rack each)
         self.rack = f"{LABEL_PREFIX}{box.topology[-1].name}" if kueue and box.topology else ""
+        # With Kueue on several nodes, ranks keep off the node that runs Kueue's manager, which no node fault cuts
+        self.avoid = box.node.name if kueue and len(box.nodes) > 1 else ""
         from kubernetes import client, config
 
         from ddpjob_box.operator_process import OperatorProcess

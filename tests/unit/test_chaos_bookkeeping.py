@@ -100,6 +100,9 @@ def test_a_topology_run_requires_one_rack_of_its_queue_whose_flavor_is_the_boxs_
     assert chaos_job("j", "c", 5, kueue=True)["spec"]["template"]["metadata"]["annotations"] == {}
     (cq,) = [body for plural, body in kueue_queues("ns", "box-topology") if plural == "clusterqueues"]
     assert [f["name"] for f in cq["spec"]["resourceGroups"][0]["flavors"]] == ["box-topology"]
+    away = chaos_job("j", "c", 5, kueue=True, avoid="box-node")["spec"]["template"]["spec"]["affinity"]
+    (term,) = away["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["box-node"]}]
 
 
 def test_a_violation_keeps_every_line_of_its_job_and_none_of_a_job_whose_name_it_begins() -> None:

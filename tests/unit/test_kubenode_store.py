@@ -75,3 +75,23 @@ def test_when_every_slot_is_taken_the_error_says_what_to_stop() -> None:
     finally:
         for lease in held:
             lease.release(clean=True)
+
+
+def test_a_store_filled_by_linking_shares_the_images_files_but_copies_containerds_databases(tmp_path: Path) -> None:
+    from ddpjob_box.kubenode.store_fill import CONTENT, clone
+
+    source, target = tmp_path / "0", tmp_path / "1"
+    blob = source / CONTENT / "blobs" / "sha256" / "aa"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"layer")
+    meta = source / "io.containerd.metadata.v1.bolt" / "meta.db"
+    meta.parent.mkdir(parents=True)
+    meta.write_bytes(b"bolt")
+    (source / store.IN_USE).touch()
+    target.mkdir()
+    clone(source, target)
+    linked = target / CONTENT / "blobs" / "sha256" / "aa"
+    assert linked.stat().st_ino == blob.stat().st_ino, "one copy of the images on disk"
+    copied = target / "io.containerd.metadata.v1.bolt" / "meta.db"
+    assert copied.read_bytes() == b"bolt" and copied.stat().st_ino != meta.stat().st_ino, "written in place: a copy"
+    assert (target / store.IN_USE).stat().st_ino != (source / store.IN_USE).stat().st_ino

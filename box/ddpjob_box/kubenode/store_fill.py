@@ -14,6 +14,7 @@ its command runs side by side).
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -59,12 +60,34 @@ def fill(stores: int, names: Sequence[str], importer: Importer, work: Path) -> l
             if lease.dirty:
                 print(f"node store {lease.path} was left by a killed node: its next node cleans it", flush=True)
                 continue
+            if filled and not (lease.path / CONTENT).exists():
+                print(f"node store {lease.path.name}: linked to {filled[0].name}'s images", flush=True)
+                clone(filled[0], lease.path)
             with containerd_on(lease.path, names[0], work / str(number)) as socket:
                 for name in names:
                     print(f"importing {name} into node store {lease.path.name}", flush=True)
                     importer(name, socket, lease.path)
             filled.append(lease.path)
     return filled
+
+
+CONTENT = "io.containerd.content.v1.content"
+"""containerd's content store in a node store: present once any image was imported."""
+
+
+def clone(source: Path, target: Path) -> None:
+    """Fill the empty store ``target`` from the filled store ``source`` without a second copy of the images (6 GB a
+    store): every file hard-linked, as containerd never changes a content blob or a committed snapshot once
+    written (a container writes in a snapshot of its own, and a removal only unlinks), but its databases copied,
+    which it writes in place. Both stores must be stopped (no containerd on either)."""
+    shutil.rmtree(target)
+    subprocess.run(["cp", "-al", str(source), str(target)], check=True)
+    for path in target.rglob("*.db"):
+        data = path.read_bytes()
+        path.unlink()  # the link to the source's database goes; a copy takes its place
+        path.write_bytes(data)
+    (target / store.IN_USE).unlink(missing_ok=True)  # a link to the source's mark: this store's own is made anew
+    (target / store.IN_USE).touch()
 
 
 FILL_SOCKETS_ROOT = Path("/run/ddpjob-fill")
