@@ -255,13 +255,13 @@ class Stack:
         body = self.rank_pod(job, pod)
         if not body.spec.node_name:
             raise NotInjected(f"{pod} is not on a node yet")
-        if not self._node_down.acquire(blocking=False):
-            raise NotInjected("another node is down")
         node = self.box.node_named(body.spec.node_name)
         if self.kueue and node is self.box.node:
             raise NotInjected(f"{node.name} runs Kueue's manager")
-        attempt = int((status_now(self, job).get("attempt")) or 0)
+        if not self._node_down.acquire(blocking=False):
+            raise NotInjected("another node is down")
         try:
+            attempt = int((status_now(self, job).get("attempt")) or 0)
             on_it = self.call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node.name}")
             for other in on_it.items:
                 name = (other.metadata.labels or {}).get("ddpjob.dev/job-name")

@@ -162,11 +162,17 @@ def _unschedulable(status: Mapping[str, Any]) -> str:
     return ""
 
 
+TERMINATED_BY_KUEUE = "TerminatedByKueue"
+"""The condition Kueue's topology node controller sets on a pod it fails: ungated onto a node it found bad, never
+bound there (reason UnschedulableOnAssignedNode). The node's doing, not the rank's: a disruption."""
+
+
 def _disruption(status: Mapping[str, Any]) -> Disruption | None:
-    target = pod_condition(status, "DisruptionTarget")
-    if target.get("status") != "True":
-        return None
-    return Disruption(str(target.get("reason") or "DisruptionTarget"), one_line(str(target.get("message") or "")))
+    for type_ in ("DisruptionTarget", TERMINATED_BY_KUEUE):
+        target = pod_condition(status, type_)
+        if target.get("status") == "True":
+            return Disruption(str(target.get("reason") or type_), one_line(str(target.get("message") or "")))
+    return None
 
 
 def _restarts_all(container: Mapping[str, Any]) -> bool:
@@ -549,7 +555,10 @@ class JobStatus:
             "conditions": [c.to_dict() for c in self.conditions],
             "progress": self.progress.to_dict(running=self.phase is Phase.RUNNING) if self.progress else None,
             "lastCheckpoint": self.last_checkpoint.to_dict() if self.last_checkpoint else None,
-            "placement": {"nodes": list(self.nodes), "spans": self.spans or None} if self.nodes else None,
+            # no null inside: the apiserver prunes it, and the status read back would never equal this one
+            "placement": {"nodes": list(self.nodes), **({"spans": self.spans} if self.spans else {})}
+            if self.nodes
+            else None,
             "excludedNodes": [e.to_dict() for e in self.excluded_nodes] or None,
             "lastMachineFault": self.machine_fault.to_dict() if self.machine_fault else None,
         }
@@ -608,11 +617,14 @@ def parse_status(status: Mapping[str, Any] | None) -> JobStatus:
 
 def with_counts(status: JobStatus, observation: Observation, replicas: int) -> JobStatus:
     """The status with the observed counts of pods (active, succeeded, failed, running, ready) and each rank's
-    node (kept from before while no rank is placed: a finished job's pods may be gone)."""
+    node (a finished job keeps the nodes it ran on once its pods are gone; any other job shows only where its
+    pods are now)."""
     nodes = tuple(observation.current[r].node if r in observation.current else "" for r in range(replicas))
+    kept = status.phase.finished and not any(nodes)
     return replace(
         status,
-        nodes=nodes if any(nodes) else status.nodes,
+        nodes=status.nodes if kept else (nodes if any(nodes) else ()),
+        spans=status.spans if kept or any(nodes) else "",
         active=observation.active,
         succeeded=observation.succeeded,
         failed=observation.failed,

@@ -88,8 +88,18 @@ def test_a_store_filled_by_linking_shares_the_images_files_but_copies_containerd
     meta.parent.mkdir(parents=True)
     meta.write_bytes(b"bolt")
     (source / store.IN_USE).touch()
+    image_file = source / "io.containerd.snapshotter.v1.overlayfs" / "snapshots" / "1" / "fs" / "var" / "lib.db"
+    image_file.parent.mkdir(parents=True)
+    image_file.write_bytes(b"an image's file")
+    partial = source / CONTENT / "ingest" / "abc" / "data"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"half")
     target.mkdir()
     clone(source, target)
+    linked_file = target / image_file.relative_to(source)
+    assert linked_file.stat().st_ino == image_file.stat().st_ino, "an image's own .db file is the image's: linked"
+    assert not (target / CONTENT / "ingest" / "abc").exists(), "an import under way is not shared"
+    assert not target.with_name("1.clone").exists()
     linked = target / CONTENT / "blobs" / "sha256" / "aa"
     assert linked.stat().st_ino == blob.stat().st_ino, "one copy of the images on disk"
     copied = target / "io.containerd.metadata.v1.bolt" / "meta.db"

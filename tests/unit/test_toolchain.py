@@ -21,7 +21,8 @@ def test_the_demo_builds_only_what_it_runs() -> None:
     def binaries(purpose: str) -> set[str]:
         return {name for build in toolchain.builds_for(purpose) for name in build.packages}
 
-    assert binaries("test") - binaries("demo") == {"promtool", "kueue"}  # the alert tests' and the Kueue tests'
+    # the alert tests', the Kueue tests' and the simulated hosts'
+    assert binaries("test") - binaries("demo") == {"promtool", "kueue", "kwok"}
     assert toolchain.promtool_build().bin_dir() == toolchain.prometheus_build().bin_dir()
 
 
@@ -60,14 +61,14 @@ def test_a_changed_go_sum_moves_every_box_binary_and_only_those(
     assert all(name.startswith(("k8s-v", "coredns-v", "helm-v", "prometheus-v")) for name in after - before)
 
 
-def test_the_box_binaries_are_one_go_build_each_with_its_own_link_flags_and_kueue_another(
+def test_the_box_binaries_are_one_go_build_each_with_its_own_link_flags_and_kueue_and_kwok_others(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("DDPJOB_CACHE", str(tmp_path))
     calls: list[tuple[str, list[toolchain.Missing]]] = []
     monkeypatch.setattr(toolchain, "_build", lambda module, missing, **_: calls.append((module, list(missing))))
     toolchain.ensure_all(toolchain.builds_for("test"))
-    assert [module for module, _ in calls] == [toolchain.BOX_MODULE, "kueue"]
+    assert [module for module, _ in calls] == [toolchain.BOX_MODULE, "kueue", "kwok"]
     box = calls[0][1]
     argv = toolchain.go_build_argv("go", box, tmp_path / "staging")
     for m in box:

@@ -5,6 +5,7 @@ wait for Kueue (never Unschedulable). Kueue placing them is shown against real K
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ddpjob_contract import kueue
@@ -153,8 +154,13 @@ def test_a_job_asking_for_a_level_says_the_racks_its_ranks_nodes_are_in_and_keep
     status = plan(j, JobStatus(), [], T0, nodes=racks).status
     running = plan(j, status, pods, T0, nodes=racks).status
     assert (running.nodes, running.spans) == (("box-node", "box-node-1"), "rack-0")
-    gone = plan(j, running, [], T0, nodes=racks).status
-    assert gone.spans == "rack-0"
+    between = plan(j, running, [], T0, nodes=racks).status
+    assert (between.nodes, between.spans) == ((), ""), "no pod now: no place shown (a restart's old nodes)"
+    done = [replace(p, phase="Succeeded", exit_code=0) for p in pods]
+    finished = plan(j, running, done, T0, nodes=racks).status
+    assert finished.phase is Phase.SUCCEEDED and finished.spans == "rack-0"
+    gone = plan(j, finished, [], T0, nodes=racks).status
+    assert (gone.nodes, gone.spans) == (("box-node", "box-node-1"), "rack-0"), "kept once it has ended"
 
 
 def test_each_ranks_node_and_the_spans_round_trip_through_the_status() -> None:
@@ -162,6 +168,8 @@ def test_each_ranks_node_and_the_spans_round_trip_through_the_status() -> None:
     assert parse_status(status.to_dict()).nodes == ("box-node", "")
     assert parse_status(status.to_dict()).spans == "rack-0"
     assert JobStatus().to_dict()["placement"] is None
+    # no null inside, which the apiserver would prune: the status read back must equal the one written
+    assert JobStatus(nodes=("box-node",)).to_dict()["placement"] == {"nodes": ["box-node"]}
 
 
 def test_queueing_reads_the_placement_as_topology_only_with_an_assignment() -> None:
@@ -190,3 +198,13 @@ def test_no_pod_is_made_while_kueues_assignment_still_names_a_lost_node_until_ku
     replaced = admitted(j, assignment(("rack-1", "box-node-3", 2)))
     made = plan(j, held.status, [], T0, queued=queueing.read(j.queue, replaced, {}, name=name), nodes=lost)
     assert made.create_ranks == (0, 1), "Kueue put the lost node's rank on the rack's other node"
+
+
+def test_a_pod_kueue_failed_on_its_assigned_node_is_a_disruption_not_the_ranks_failure() -> None:
+    failed = {
+        "metadata": {"name": "train-1"},
+        "status": {"phase": "Failed", "conditions": [{"type": "TerminatedByKueue", "status": "True",
+                   "reason": "UnschedulableOnAssignedNode", "message": "Pod terminated by Kueue NodeController"}]},
+    }  # fmt: skip
+    disruption = pod_view(failed, "trainer").disruption
+    assert disruption is not None and disruption.reason == "UnschedulableOnAssignedNode"

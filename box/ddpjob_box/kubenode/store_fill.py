@@ -75,19 +75,40 @@ CONTENT = "io.containerd.content.v1.content"
 """containerd's content store in a node store: present once any image was imported."""
 
 
+DATABASES = ("io.containerd.metadata.v1.bolt/meta.db", "io.containerd.snapshotter.v1.overlayfs/metadata.db")
+"""What containerd writes in place in a store: copied, never linked."""
+NOT_SHARED = (
+    f"{CONTENT}/ingest",
+    "tmpmounts",
+    "io.containerd.grpc.v1.introspection",
+    "io.containerd.runtime.v1.linux",
+    "io.containerd.runtime.v2.task",
+    *store.CRI_STATE,
+)
+"""Work in progress and one containerd's own state (an import's partial blobs, temporary mounts, its UUID, tasks,
+the CRI's sandboxes and containers): left out of a clone, made afresh by its containerd."""
+
+
 def clone(source: Path, target: Path) -> None:
     """Fill the empty store ``target`` from the filled store ``source`` without a second copy of the images (6 GB a
     store): every file hard-linked, as containerd never changes a content blob or a committed snapshot once
     written (a container writes in a snapshot of its own, and a removal only unlinks), but its databases copied,
-    which it writes in place. Both stores must be stopped (no containerd on either)."""
+    which it writes in place. Made beside the target and renamed into place, so a clone cut short leaves no store
+    that shares a database. Both stores must be stopped (no containerd on either)."""
+    staging = target.with_name(target.name + ".clone")
+    shutil.rmtree(staging, ignore_errors=True)
+    subprocess.run(["cp", "-al", str(source), str(staging)], check=True)
+    for name in NOT_SHARED:
+        shutil.rmtree(staging / name, ignore_errors=True)
+    for name in DATABASES:
+        path = staging / name
+        if path.exists():
+            path.unlink()  # the link to the source's database goes; a copy takes its place
+            shutil.copy2(source / name, path)
+    (staging / store.IN_USE).unlink(missing_ok=True)  # a link to the source's mark: this store's own is made anew
+    (staging / store.IN_USE).touch()
     shutil.rmtree(target)
-    subprocess.run(["cp", "-al", str(source), str(target)], check=True)
-    for path in target.rglob("*.db"):
-        data = path.read_bytes()
-        path.unlink()  # the link to the source's database goes; a copy takes its place
-        path.write_bytes(data)
-    (target / store.IN_USE).unlink(missing_ok=True)  # a link to the source's mark: this store's own is made anew
-    (target / store.IN_USE).touch()
+    staging.rename(target)
 
 
 FILL_SOCKETS_ROOT = Path("/run/ddpjob-fill")
