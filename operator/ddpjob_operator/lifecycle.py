@@ -239,7 +239,7 @@ POLICIES: tuple[Policy, ...] = (
     failures.rule,
     in_place.rule,
     exit_grace.rule, no_progress.rule, all_succeeded.rule,
-    cannot_start.rule, attempt_phase.rule, straggler_condition.rule,
+    attempt_phase.launch, cannot_start.rule, attempt_phase.rule, straggler_condition.rule,
 )  # fmt: skip
 """In order; the first that changes something wins."""
 _POLICIES_IN: dict[Phase, tuple[Policy, ...]] = {

@@ -270,7 +270,7 @@ def test_kubectl_get_shows_phase_ready_restarts_step_throughput_step_time_progre
         )  # fmt: skip
         assert [c["name"] for c in table["columnDefinitions"]] == [
             "Name", "Phase", "Ready", "Restarts", "Step", "Img/s", "Step-Time", "Progress", "ETA", "Queue",
-            "Checkpoint", "Age",
+            "Spans", "Checkpoint", "Age",
         ]  # fmt: skip
         (row,) = table["rows"]
         cells: list[Any] = row["cells"]

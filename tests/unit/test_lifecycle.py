@@ -323,6 +323,9 @@ def test_a_gang_the_scheduler_cannot_place_says_it_is_placed_all_or_nothing() ->
 def test_a_gang_keeps_the_schedulers_words_while_its_pods_carry_only_the_gangs_count() -> None:
     c = FakeCluster(job(replicas=2))
     status = plan(c.job, c.status, [], T0, pod_groups=True).status
+    # its pods made: launched first, then the scheduler's words are said
+    status = plan(c.job, status, [pod(c.job, r, 0, node="") for r in range(2)], T0, pod_groups=True).status
+    assert status.launched_attempt == 0
     count = "minCount (2) cannot be satisfied: 0 scheduled, 1 remaining"
     words = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 
@@ -339,6 +342,17 @@ def test_a_gang_keeps_the_schedulers_words_while_its_pods_carry_only_the_gangs_c
     assert said(count, count).endswith(words), "the count alone does not replace the words"
     other = "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims."
     assert said(count, other).endswith(other), "new words do"
+
+
+def test_pods_unschedulable_when_first_seen_are_launched_at_once_and_said_next() -> None:
+    # A cluster with no node: no later event may come, so the launch cannot wait for one.
+    c = FakeCluster(job(replicas=2))
+    status = plan(c.job, c.status, [], T0).status
+    stuck = [pod(c.job, r, 0, node="", unschedulable="no nodes available to schedule pods") for r in range(2)]
+    launched = plan(c.job, status, stuck, T0).status
+    assert launched.launched_attempt == 0
+    said = plan(c.job, launched, stuck, T0).status.condition("Running")
+    assert said is not None and said.reason == "Unschedulable"
 
 
 def test_after_backoff_limit_restarts_the_job_fails_and_nothing_keeps_running() -> None:

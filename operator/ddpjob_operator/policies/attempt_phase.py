@@ -9,8 +9,18 @@ from ddpjob_operator.transitions import Launch, Rendezvous, Run, Transition, Wai
 from ddpjob_operator.view import View
 
 
+def launch(v: View) -> Transition | None:
+    """Launched once every pod of the attempt exists. Before ``cannot_start``: a pod the scheduler cannot place
+    still exists, and its words, said first, held the launch back until some later event (none came in a cluster
+    with no node: the job stayed unlaunched until the resync)."""
+    status, obs = v.status, v.obs
+    if status.launched_attempt < status.attempt and not obs.stale and not obs.missing:
+        return Launch(v.job.spec.replicas)
+    return None
+
+
 def rule(v: View) -> Transition | None:
-    """Within the attempt: launched once every pod exists, then Rendezvous, then Running."""
+    """Within the attempt, once launched: Rendezvous, then Running."""
     spec, status, obs = v.job.spec, v.status, v.obs
     launched = status.launched_attempt >= status.attempt
     if not launched and not obs.stale and not obs.missing:
