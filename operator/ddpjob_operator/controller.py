@@ -522,7 +522,7 @@ class Controller:
         def create(rank: int) -> None:
             built = builders.pod(job, rank, attempt, gang=gang, grace=grace, in_place=in_place,
                                  restarts_left=restarts_left)  # fmt: skip
-            created = self._api.create_pod(builders.avoiding(placement.apply(built), avoid))
+            created = self._api.create_pod(builders.avoiding(placement.apply(built), placement.keeps_off(avoid)))
             if created is not None:
                 self._pods.created(created)
             faults.point("pod-created")

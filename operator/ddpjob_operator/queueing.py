@@ -49,6 +49,13 @@ class Placement:
     assigned_nodes: tuple[str, ...] = ()
     """The nodes Kueue's topology assignment names (when its last level is the node)."""
 
+    def keeps_off(self, excluded: tuple[str, ...]) -> tuple[str, ...]:
+        """The nodes a rank's pod is kept off (``status.excludedNodes``); none under a topology assignment: Kueue's
+        assignment names the pod's node, and an affinity its Workload never saw could leave the pod on no node at
+        all (seen in the chaos soak: evicted for PodsReadyTimeout again and again). Kueue replaces a lost node
+        itself."""
+        return () if self.topology_workload else excluded
+
     def apply(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod with this placement merged in (a template's own node selector wins no conflict: the flavor's
         labels are where the quota is)."""

@@ -208,3 +208,12 @@ def test_a_pod_kueue_failed_on_its_assigned_node_is_a_disruption_not_the_ranks_f
     }  # fmt: skip
     disruption = pod_view(failed, "trainer").disruption
     assert disruption is not None and disruption.reason == "UnschedulableOnAssignedNode"
+
+
+def test_pods_placed_by_topology_are_not_kept_off_excluded_nodes_kueues_assignment_places_them() -> None:
+    j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+    name = queueing.workload_name(j.name, j.uid)
+    placed = queueing.read(j.queue, admitted(j, assignment(("rack-0", "box-node", 2))), {}, name=name).placement
+    assert placed.keeps_off(("box-node-1",)) == ()
+    plain = queueing.read(j.queue, admitted(j, None), {}, name=name).placement
+    assert plain.keeps_off(("box-node-1",)) == ("box-node-1",)
