@@ -8,6 +8,7 @@ what holds a job back. Slots in use are counted from the pods themselves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -96,25 +97,33 @@ class Cluster:
         return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})
 
 
-@pytest.fixture
-def cluster(kueue_cluster: KueueCluster, queues: str, tmp_path: Path) -> Iterator[Cluster]:
-    """The namespace with its LocalQueue, the CRD, and the operator watching the namespace."""
+@contextlib.contextmanager
+def operated(kueue_cluster: KueueCluster, namespace: str, tmp_path: Path) -> Iterator[Cluster]:
+    """The CRD and the operator watching ``namespace`` (its queues applied already); the jobs and their Workloads
+    gone, and the operator stopped, after."""
     kubectl = kueue_cluster.kubectl
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     wait_established(kueue_cluster.kubeconfig, "ddpjobs.ddpjob.dev")
-    op = OperatorProcess(kueue_cluster.kubeconfig, tmp_path / "operator.log", namespaces=[queues])
-    cluster = Cluster(kueue_cluster, queues)
+    op = OperatorProcess(kueue_cluster.kubeconfig, tmp_path / "operator.log", namespaces=[namespace])
+    cluster = Cluster(kueue_cluster, namespace)
     try:
         yield cluster
     finally:
         # The jobs go while the operator runs: it drops Kueue's finalizer from their Workloads, as in a cluster.
         # Stopped first, it would leave them holding their quota, and the namespace terminating, for good.
-        kubectl("delete", "ddpjobs", "--all", "-n", queues, "--wait=false", check=False)
+        kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
         wait_for("the test's Workloads gone", lambda: not cluster.get(WORKLOADS)["items"], 120)
         op.stop()
         log = op.log()
         print(f"--- operator log:\n{log[-6000:]}")
         assert "Traceback" not in log, "the operator logged a traceback"
+
+
+@pytest.fixture
+def cluster(kueue_cluster: KueueCluster, queues: str, tmp_path: Path) -> Iterator[Cluster]:
+    """The namespace with its LocalQueue, the CRD, and the operator watching the namespace."""
+    with operated(kueue_cluster, queues, tmp_path) as cluster:
+        yield cluster
 
 
 def queued_job(

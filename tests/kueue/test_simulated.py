@@ -16,14 +16,11 @@ from typing import Any
 import pytest
 
 from ddpjob_box.kwok import GPU, NODE_PREFIX, RUN_ANNOTATION
-from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_contract.kueue import LABEL_QUEUE_NAME
-from tests.chart.helm import wait_established
-from tests.e2e.conftest import CRD
 from tests.e2e.jobs import cpu_job
 
 from .conftest import SIMULATED_NODES, KueueCluster
-from .test_ddpjob_under_kueue import WORKLOADS, Cluster, wait_for
+from .test_ddpjob_under_kueue import WORKLOADS, Cluster, operated, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,19 +32,8 @@ def cluster(kueue_cluster: KueueCluster, kueue_namespace: str, tmp_path: Path) -
     kubectl = kueue_cluster.kubectl
     kubectl("apply", "-n", kueue_namespace, "-f", str(QUEUES))
     kubectl("wait", "clusterqueue/simulated-cluster-queue", "--for=condition=Active", "--timeout=60s")
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    wait_established(kueue_cluster.kubeconfig, "ddpjobs.ddpjob.dev")
-    op = OperatorProcess(kueue_cluster.kubeconfig, tmp_path / "operator.log", namespaces=[kueue_namespace])
-    cluster = Cluster(kueue_cluster, kueue_namespace)
-    try:
+    with operated(kueue_cluster, kueue_namespace, tmp_path) as cluster:
         yield cluster
-    finally:
-        kubectl("delete", "ddpjobs", "--all", "-n", kueue_namespace, "--wait=false", check=False)
-        wait_for("the test's Workloads gone", lambda: not cluster.get(WORKLOADS)["items"], 120)
-        op.stop()
-        log = op.log()
-        print(f"--- operator log:\n{log[-6000:]}")
-        assert "Traceback" not in log, "the operator logged a traceback"
 
 
 def simulated_job(name: str, replicas: int, runs_for: str) -> dict[str, Any]:

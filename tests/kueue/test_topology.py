@@ -19,7 +19,6 @@ import pytest
 
 from bench.node_loss import job_body, shared_claim
 from ddpjob_box.box import KUEUE_SLOTS
-from ddpjob_box.operator_process import OperatorProcess
 from ddpjob_box.topology import LABEL_PREFIX
 from ddpjob_contract.kueue import (
     ANNOTATION_PREFERRED_TOPOLOGY,
@@ -27,11 +26,9 @@ from ddpjob_contract.kueue import (
     LABEL_QUEUE_NAME,
     TOPOLOGY_GATE,
 )
-from tests.chart.helm import wait_established
-from tests.e2e.conftest import CRD
 
 from .conftest import KueueCluster
-from .test_ddpjob_under_kueue import SLOT, WORKLOADS, Cluster, queued_job, wait_for
+from .test_ddpjob_under_kueue import SLOT, WORKLOADS, Cluster, operated, queued_job, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -57,19 +54,8 @@ def cluster(kueue_cluster: KueueCluster, kueue_namespace: str, tmp_path: Path) -
     kubectl("apply", "-n", kueue_namespace, "-f", str(QUEUES))
     kubectl("wait", f"clusterqueue/{CLUSTER_QUEUE}", "--for=condition=Active", "--timeout=60s")
     kubectl("wait", "-n", kueue_namespace, f"localqueue/{LOCAL_QUEUE}", "--for=condition=Active", "--timeout=60s")
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    wait_established(kueue_cluster.kubeconfig, "ddpjobs.ddpjob.dev")
-    op = OperatorProcess(kueue_cluster.kubeconfig, tmp_path / "operator.log", namespaces=[kueue_namespace])
-    cluster = Cluster(kueue_cluster, kueue_namespace)
-    try:
+    with operated(kueue_cluster, kueue_namespace, tmp_path) as cluster:
         yield cluster
-    finally:
-        kubectl("delete", "ddpjobs", "--all", "-n", kueue_namespace, "--wait=false", check=False)
-        wait_for("the test's Workloads gone", lambda: not cluster.get(WORKLOADS)["items"], 120)
-        op.stop()
-        log = op.log()
-        print(f"--- operator log:\n{log[-6000:]}")
-        assert "Traceback" not in log, "the operator logged a traceback"
 
 
 def topology_job(name: str, replicas: int, annotation: str, level: str = RACK, steps: int = 20) -> dict[str, Any]:
