@@ -275,11 +275,14 @@ def test_kueue_killed_while_jobs_are_queued_and_admitted_loses_none_and_duplicat
 ) -> None:
     args = ["--slow-seconds", "0.3", "--slow-rank", "0"]
     # k1 trains for 30 s, so that it still runs, and holds the quota, through Kueue's stop and the 10 s after it (with
-    # 40 steps, a loaded machine once saw k1 end and k2 run to its end before the check).
-    for name, steps in (("k1", 100), ("k2", 40), ("k3", 40)):
-        cluster.create(queued_job(name, slots=2, steps=steps, args=args))
-        time.sleep(1)
+    # 40 steps, a loaded machine once saw k1 end and k2 run to its end before the check). k1 is admitted before k2
+    # and k3 exist: created a second apart, a loaded CI machine once saw k2's Workload admitted first, run its 12 s
+    # and succeed before Kueue's stop.
+    cluster.create(queued_job("k1", slots=2, steps=100, args=args))
     wait_for("k1 to run", lambda: cluster.phase("k1") in ("Running", "Rendezvous"), 300)
+    for name in ("k2", "k3"):
+        cluster.create(queued_job(name, slots=2, steps=40, args=args))
+    wait_for("k2's and k3's Workloads", lambda: _workloads_made(cluster, 3), 120)
     kueue_cluster.kueue.stop()
     try:
         time.sleep(10)
