@@ -486,6 +486,11 @@ def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], err
     )
 
 
+def since_restart(scrapes: Sequence[Scrape], restarts: int) -> list[Scrape]:
+    """The scrapes with the answers of the processes that ``restarts`` in-place restarts or more started alone."""
+    return [replace(s, ranks={r: a for r, a in s.ranks.items() if a.restart_count >= restarts}) for s in scrapes]
+
+
 def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS) -> Summary | None:
     """Figures over the scrapes of the last ``window_seconds`` (oldest first, one attempt); None if none."""
     if not scrapes:

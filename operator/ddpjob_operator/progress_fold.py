@@ -116,7 +116,10 @@ def fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | Non
     summary = progress.summarize(scrapes)
     if summary is None or (old.observed_time is not None and summary.at < old.observed_time):
         return None
-    advanced = summary.step is not None and summary.step > (old.step or 0)
+    step = summary.step
+    if old.restarts_in_place:  # the step the restarted processes reached: 0 until they train one
+        step = (progress.summarize(progress.since_restart(scrapes, old.restarts_in_place)) or summary).step
+    advanced = step is not None and step > (old.step or 0)
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
     candidate = progress.straggler_candidate(summary.recent_work, spec.straggler.factor) if known else None
@@ -134,7 +137,7 @@ def fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | Non
         silent=silent,
         note=silent_note(job, silent),
         joined=min(spec.world_size, max(old.joined, len(summary.joined))),
-        step=summary.step if summary.step is not None else old.step,
+        step=step if step is not None else old.step,
         total_steps=summary.total_steps if summary.total_steps is not None else old.total_steps,
         steps_per_second=summary.steps_per_second,
         samples_per_second=summary.samples_per_second,

@@ -280,3 +280,33 @@ def test_a_restart_in_place_that_no_poll_saw_is_counted_from_the_exit_summaries_
     assert (c.status.phase, c.status.restarts) == (Phase.SUCCEEDED, 1)
     assert c.events.count("RetryableFailure") == 1
     assert c.status.progress is not None and c.status.progress.final and c.status.progress.step == 500
+
+
+def test_a_rank_failing_after_an_in_place_restart_that_trained_no_step_restarts_the_gang_uncounted() -> None:
+    # A power cut: rank 1's node dies with its supervisor; rank 0's supervisor restarts its process in place
+    # (counted), which then fails, its peer gone for good. One fault, one restart.
+    c = running(2, runPolicy={"backoffLimit": 3})
+    train(c, 5, 10)
+    _restarted(c, 1, "rank 0's training process exited 200 (a lost peer or a collective timeout)")
+    c.poll()
+    c.poll()  # the new processes answer at step 0, and the old ones' steps are theirs
+    assert c.status.restarts == 1 and c.status.progress is not None and not c.status.progress.step
+    c.set(0, phase="Failed", exit_code=200)
+    c.step()
+    assert (c.status.phase, c.status.attempt, c.status.restarts) == (Phase.RESTARTING, 1, 1)
+    status, reason, message = c.condition("Restarting")
+    assert (status, reason) == (True, "RetryableFailure")
+    assert "restarted in place (restart 1, already counted), trained no step before it: the same failure" in message
+    assert message.endswith("restarting the gang as attempt 1 (not counted: restarts stay 1 of 3)")
+
+
+def test_a_rank_failing_after_its_in_place_restart_trained_is_counted_again() -> None:
+    c = running(2, runPolicy={"backoffLimit": 3})
+    train(c, 5, 10)
+    _restarted(c, 1)
+    c.poll()
+    train(c, 5, 3)  # the restarted processes train
+    assert c.status.progress is not None and c.status.progress.step == 3
+    c.set(0, phase="Failed", exit_code=200)
+    c.step()
+    assert (c.status.attempt, c.status.restarts) == (1, 2)

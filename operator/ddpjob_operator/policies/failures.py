@@ -1,11 +1,14 @@
 """A rank that failed: the gang restarts, or the job fails, as ``policies.restart`` decides; a disruption restarts
 it uncounted, and a machine fault twice in a row on the same node restarts it off that node (``policies.node_loss``).
+A retryable failure that ends an in-place restart before it trained a step is that restart's failure, already
+counted: the gang restarts uncounted (``in_place.unproven``; a power cut under a gang cost two restarts otherwise,
+the in-place one and the gang's once the dead node's supervisor never came back).
 """
 
 from __future__ import annotations
 
 from ddpjob_contract.status import Reason
-from ddpjob_operator.policies import node_loss, restart
+from ddpjob_operator.policies import in_place, node_loss, restart
 from ddpjob_operator.status import ExcludedNode, Failure, MachineFault
 from ddpjob_operator.transitions import Finish, Restart, Transition
 from ddpjob_operator.view import View
@@ -22,6 +25,11 @@ def rule(v: View) -> Transition | None:
             Reason.PREEMPTED if decision.cause.disruption and decision.cause.disruption.preempted else Reason.DISRUPTED
         )
         return Restart(reason, cause, rp.backoff_limit, counted=False)
+    retryable = decision.restart or decision.backoff_exceeded
+    if retryable and (restarted := in_place.unproven(v)):
+        said = (f"{cause}; the gang's processes, restarted in place (restart {restarted}, already counted), trained "
+                f"no step before it: the same failure")  # fmt: skip
+        return Restart(Reason.RETRYABLE, said, rp.backoff_limit, counted=False)
     if decision.restart:
         return _restart_for(v, decision.cause, cause)
     if decision.backoff_exceeded:

@@ -117,6 +117,15 @@ def wait_seconds(reason: str) -> float:
     return 0.0 if reason == Reason.NODE_LOST.value else WAIT_SECONDS
 
 
+def unproven(v: View) -> int:
+    """The restart an in-place restart of this attempt was counted as, when no step has been seen since (0 when
+    none): a rank failing now failed that restart, not anew."""
+    progress = v.status.progress
+    if progress is None or progress.attempt != v.status.attempt or not progress.restarts_in_place:
+        return 0
+    return v.status.restarts if not progress.step else 0
+
+
 def rule(v: View) -> Transition | None:
     """The ranks' supervisors restarted the gang's processes in place (``in_process``), as their
     polls say: each restart is counted, as the operator's own are; past backoffLimit (possible only when a pod
