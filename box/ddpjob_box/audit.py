@@ -59,7 +59,7 @@ def apiserver_flags(directory: Path, *, requests: bool = False) -> list[str]:
         f"--audit-log-path={log_path(directory)}",
         "--audit-log-format=json",
         "--audit-log-maxsize=200",
-        "--audit-log-maxbackup=1",
+        "--audit-log-maxbackup=4",
     ]
 
 
@@ -91,11 +91,11 @@ def removals(log: Path, namespace: str, owner: str) -> list[str]:
 
 
 def received(log: Path, since: float) -> Iterator[tuple[dict[str, Any], float]]:
-    """Each recorded request the apiserver received at or after ``since`` (seconds since the epoch), with that time;
-    lines cut short by a kill are passed over."""
-    if not log.exists():
-        return
-    for raw in log.read_text(errors="replace").splitlines():
+    """Each recorded request the apiserver received at or after ``since`` (seconds since the epoch), with that time,
+    from the rotated files (``audit-<time>.log``, oldest first) and then the log itself; lines cut short by a kill
+    are passed over."""
+    rotated = sorted(log.parent.glob(f"{log.stem}-*{log.suffix}"))
+    for raw in (line for path in (*rotated, log) if path.exists() for line in _lines(path)):
         try:
             event = json.loads(raw)
             when = datetime.fromisoformat(event.get("requestReceivedTimestamp", "")).timestamp()
@@ -103,6 +103,11 @@ def received(log: Path, since: float) -> Iterator[tuple[dict[str, Any], float]]:
             continue
         if when >= since:
             yield event, when
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open(errors="replace") as lines:  # streamed: a rotated log is 200 MB
+        yield from lines
 
 
 def requests(log: Path, *, since: float, user: str, skip_agents: tuple[str, ...] = ()) -> Counter[tuple[str, str]]:

@@ -44,9 +44,9 @@ STAGES = (
     "pod/general/pod-complete.yaml",
     "pod/general/pod-delete.yaml",
 )
-OWNER_KINDS_THAT_COMPLETE = ("Job", "DDPJob")
+OWNER_KINDS_THAT_COMPLETE = ("Job", "DDPJob", "PyTorchJob")
 """Pods of these owners Succeed after their delay (KWOK's stage completes a Job's pods only; a DDPJob's rank pods
-finish too, as a training run does)."""
+finish too, as a training run does, and so do a PyTorchJob's, for ``bench.scale``'s other side)."""
 
 
 def stages(module: Path) -> str:

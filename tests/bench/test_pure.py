@@ -256,3 +256,66 @@ def test_the_peer_node_loss_job_is_ours_as_a_master_and_a_worker_on_nodes_of_the
     (spread,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"
     assert spread["labelSelector"]["matchLabels"] == {node_loss_peer.JOB_LABEL: "peer-0"}
+
+
+def test_the_scale_benchmarks_jobs_ask_the_same_of_kueue_on_both_sides() -> None:
+    from bench import scale
+
+    ours, theirs = scale.ddpjob_body(8, 60)("j00001"), scale.pytorchjob_body(8, 60)("j00001")
+    assert ours["spec"]["replicas"] == 8
+    specs = theirs["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] + specs["Worker"]["replicas"] == 8
+    templates = [ours["spec"]["template"], specs["Master"]["template"], specs["Worker"]["template"]]
+    for body in (ours, theirs):
+        assert body["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": scale.LOCAL_QUEUE}
+    for template in templates:
+        assert template["metadata"]["annotations"] == {"pod-complete.stage.kwok.x-k8s.io/delay": "60s"}
+        assert template["spec"]["containers"][0]["resources"]["limits"] == {scale.GPU: "1"}
+    (_, flavor), (_, cluster_queue) = scale.queues(1000)
+    quota = cluster_queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    assert {"name": scale.GPU, "nominalQuota": 1000} in quota and flavor["spec"]["nodeLabels"] == {"type": "kwok"}
+
+
+def test_the_scale_benchmark_counts_an_operators_requests_by_its_user_agent_without_watches(tmp_path) -> None:
+    import json
+
+    from bench import scale
+
+    def event(agent: str, verb: str, resource: str, at: str, subresource: str = "") -> str:
+        ref = {"resource": resource, **({"subresource": subresource} if subresource else {})}
+        return json.dumps({"stage": "ResponseComplete", "userAgent": agent, "verb": verb, "objectRef": ref,
+                           "requestReceivedTimestamp": at})  # fmt: skip
+
+    log = tmp_path / "audit.log"
+    log.write_text("\n".join([
+        event("ddpjob-operator/op-1", "create", "pods", "2026-11-29T10:00:01Z"),
+        event("kopf/1.38", "patch", "ddpjobs", "2026-11-29T10:00:02Z", "status"),
+        event("ddpjob-operator/op-1", "watch", "workloads", "2026-11-29T10:00:02Z"),
+        event("kwok/v0.8.0", "patch", "pods", "2026-11-29T10:00:03Z", "status"),
+        event("training-operator/v0.0.0", "create", "pods", "2026-11-29T10:00:03Z"),
+        event("ddpjob-operator/op-1", "create", "pods", "2026-11-29T10:00:09Z"),  # after the window
+    ]))  # fmt: skip
+    since, until = 1795946400.0, 1795946405.0  # 10:00:00 to 10:00:05 UTC
+    ours = scale.requests_by(log, since, until, ("ddpjob-operator", "kopf/"))
+    assert ours == {("create", "pods"): 1, ("patch", "ddpjobs/status"): 1}
+    assert scale.requests_by(log, since, until, ("training-operator",)) == {("create", "pods"): 1}
+
+
+def test_the_scale_benchmarks_workload_times_follow_admission_eviction_and_the_end() -> None:
+    from bench import scale
+
+    watch = object.__new__(scale.WorkloadWatch)
+    watch.jobs = {}
+
+    def seen(at: float, **conditions: bool) -> None:
+        said = [{"type": t, "status": str(v)} for t, v in conditions.items()]
+        meta = {"resourceVersion": str(at), "ownerReferences": [{"name": "j1"}]}
+        watch._seen({"type": "MODIFIED", "object": {"metadata": meta, "status": {"conditions": said}}}, at)
+
+    seen(1.0, QuotaReserved=True)
+    seen(2.0, Admitted=True)
+    seen(3.0, Admitted=False, Evicted=True)
+    assert (watch.jobs["j1"].admitted, watch.jobs["j1"].evictions) == (0.0, 1)
+    seen(4.0, Admitted=True)
+    seen(5.0, Admitted=True, Finished=True)
+    assert (watch.jobs["j1"].admitted, watch.jobs["j1"].finished) == (4.0, 5.0)

@@ -80,6 +80,18 @@ def test_requests_are_counted_by_verb_and_resource_for_one_user_since_a_time_wit
     assert counted == {("create", "pods"): 2, ("update", "ddpjobs/status"): 1}
 
 
+def test_requests_are_read_from_the_rotated_logs_too_oldest_first(tmp_path: Path) -> None:
+    log = audit.log_path(tmp_path)
+    # the apiserver's rotation (200 MB) renames the log to audit-<time>.log and starts a new one
+    (tmp_path / "audit-2026-11-26T09-00-02.000.log").write_text(
+        _request("create", "pods", "box-admin", "kopf/1", "2026-11-26T09:00:01Z") + "\n"
+    )
+    log.write_text(_request("delete", "pods", "box-admin", "kopf/1", "2026-11-26T09:00:03Z") + "\n")
+    since = datetime(2026, 11, 26, 9, 0, 0, tzinfo=UTC).timestamp()
+    assert [e["verb"] for e, _ in audit.received(log, since)] == ["create", "delete"]
+    assert audit.requests(log, since=since, user="box-admin") == {("create", "pods"): 1, ("delete", "pods"): 1}
+
+
 def test_the_requests_policy_audits_every_other_client_once_and_still_every_removal(tmp_path: Path) -> None:
     audit.apiserver_flags(tmp_path / "logs", requests=True)
     policy = (tmp_path / "logs" / "audit-policy.yaml").read_text()

@@ -31,4 +31,4 @@ def test_the_stages_are_kwoks_own_with_ddpjob_pods_completing_like_a_jobs(tmp_pa
     read = list(yaml.safe_load_all(stages(tmp_path)))
     assert [s["metadata"]["name"] for s in read] == [Path(n).stem for n in STAGES]
     kinds = read[STAGES.index("pod/general/pod-complete.yaml")]["spec"]["selector"]["matchExpressions"][0]["values"]
-    assert kinds == ["Job", "DDPJob"]
+    assert kinds == ["Job", "DDPJob", "PyTorchJob"]
