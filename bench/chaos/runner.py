@@ -98,7 +98,8 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
             if fault in ENDING:
                 deleted = fault
             elif fault in (*RESTARTING, *NODE_FAULTS):
-                after = wait("the restart", restarted_or_over(stack, job, int(attempt["attempt"])), 120)
+                restarted = restarted_or_over(stack, job, int(attempt["attempt"]), int(attempt.get("restarts", 0)))
+                after = wait("the restart", restarted, 120)
                 same = int(after.get("attempt", 0)) == int(attempt["attempt"])
                 late = too_late(fault, after) if same and after.get("phase") == "Succeeded" else ""
                 if late:

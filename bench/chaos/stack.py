@@ -349,13 +349,15 @@ def wait(what: str, probe: Callable[[], Any], timeout: float) -> Any:
     return wait_until(what, probe, lambda: deadline)
 
 
-def restarted_or_over(stack: Stack, job: JobRef, attempt: int) -> Callable[[], dict[str, Any]]:
-    """The status once the job has restarted past ``attempt`` or ended; {} before."""
+def restarted_or_over(stack: Stack, job: JobRef, attempt: int, restarts: int) -> Callable[[], dict[str, Any]]:
+    """The status once the job has restarted past ``attempt``, counted a restart more than ``restarts`` (the ranks'
+    supervisors restart the gang in place, in the same attempt), or ended; {} before."""
 
     def probe() -> dict[str, Any]:
         found = status(stack, job)
         over = found.get("phase") in ("Succeeded", "Failed")
-        return found if over or int(found.get("attempt", 0)) > attempt else {}
+        later = int(found.get("attempt", 0)) > attempt or int(found.get("restarts", 0)) > restarts
+        return found if over or later else {}
 
     return probe
 

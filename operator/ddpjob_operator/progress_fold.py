@@ -182,15 +182,18 @@ def stuck(job: Job, status: JobStatus, summary: Summary) -> str:
     # restarts). Their exits decide; a gang truly wedged as a whole (every process stopped, or stuck holding
     # the GIL) restarts one deadline later.
     quiet = bool(summary.ranks) and all(r.error for r in summary.ranks)
-    waited = 2 * limit if quiet and limit is not None else limit
+    # A rank whose program is gone (its poll refused) is most likely exiting: kubelet reports its exit (a kubelet
+    # that is restarting reports it late), and that exit, a success or a failure, decides, for one deadline more.
+    # A program gone while its container stays up (its supervisor waiting on a gang that never comes) is then
+    # judged as hung: excused for ever, it stalled the gang with nothing said (chaos 11:1).
+    gone = any(r.error == progress.REFUSED for r in summary.ranks)
+    waited = limit * (1 + quiet + gone) if limit is not None else None
     if not progress_deadline.exceeded(waited, running_since=running_since, last_progress=last, observed=summary.at):
         return ""
-    if any(r.error == progress.REFUSED for r in summary.ranks):
-        # A rank whose program is gone is not hung: kubelet reports its exit (a kubelet that is restarting
-        # reports it late), and that exit, a success or a failure, decides. A hung rank still times out.
-        return ""
     step = prog.step if prog and prog.step is not None else 0
-    twice = ", twice over: every rank went quiet" if waited != limit else ""
-    why = f"no rank advanced its step for {waited}s (spec.progressDeadlineSeconds={limit}{twice}); stuck at step {step}"
+    twice = ", twice over: every rank went quiet" if quiet else ""
+    gone_too = ", and once more: a rank's program is gone" if gone else ""
+    why = (f"no rank advanced its step for {waited}s (spec.progressDeadlineSeconds={limit}{twice}{gone_too}); "
+           f"stuck at step {step}")  # fmt: skip
     silent = [f"rank {r.rank} (pod {r.pod} on node {r.node or 'unknown'}: {r.error})" for r in summary.ranks if r.error]
     return why + (f"; not answering: {', '.join(silent)}" if silent else "")

@@ -627,6 +627,22 @@ def test_a_rank_whose_program_is_gone_is_not_hung_and_its_pods_exit_decides() ->
     assert c.status.phase is Phase.SUCCEEDED and c.status.restarts == 0
 
 
+def test_a_rank_whose_program_stays_gone_while_its_pod_runs_is_hung_after_one_deadline_more() -> None:
+    # A supervisor left waiting on its gang with no program under it: excused for ever, the gang stalled with
+    # nothing said (chaos 11:1).
+    c = running(2, progressDeadlineSeconds=30)
+    train(c, 5, 10)
+    del c.metrics[0]
+    c.gone.append(0)
+    train(c, 40, 0)
+    assert c.status.phase is Phase.RUNNING and c.status.restarts == 0
+    train(c, 25, 0)
+    assert (c.status.phase, c.status.restarts) == (Phase.RESTARTING, 1)
+    status, reason, message = c.condition("Restarting")
+    assert (status, reason) == (True, "NoProgress")
+    assert "for 60s (spec.progressDeadlineSeconds=30, and once more: a rank's program is gone)" in message
+
+
 def test_a_rank_whose_peer_exited_0_is_finishing_not_hung_and_its_pods_exit_decides() -> None:
     # The chaos soak (runs 1:123, 1:139): rank 0's exit 0 was reported; rank 1 had exited too, but kubelet and
     # the apiserver were restarting, and kubelet had torn its pod down: its polls timed out for 20 s.
