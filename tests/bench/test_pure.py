@@ -319,3 +319,14 @@ def test_the_scale_benchmarks_workload_times_follow_admission_eviction_and_the_e
     seen(4.0, Admitted=True)
     seen(5.0, Admitted=True, Finished=True)
     assert (watch.jobs["j1"].admitted, watch.jobs["j1"].finished) == (4.0, 5.0)
+
+
+def test_the_many_jobs_benchmarks_jobs_run_on_the_simulated_nodes_and_leave_no_pod_behind() -> None:
+    from bench import many_jobs
+
+    job = many_jobs.job_body(1, 1)("done-00001")
+    template = job["spec"]["template"]
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "All"} and job["spec"]["replicas"] == 1
+    assert template["metadata"]["annotations"] == {"pod-complete.stage.kwok.x-k8s.io/delay": "1s"}
+    assert template["spec"]["nodeSelector"] == {"type": "kwok"}
+    assert template["spec"]["tolerations"][0]["key"] == "kwok.x-k8s.io/node"
