@@ -47,6 +47,8 @@ class Box:
     node_count: int = 1
     # KWOK's simulated GPU hosts (ddpjob_box.kwok), beside the real nodes, in the same racks and blocks
     simulated_nodes: int = 0
+    kueue_pods_ready_timeout: str = ""
+    """Kueue's waitForPodsReady timeout, when not the box's 60 s (``bench.scale``: Kueue's own 5m)."""
     # The nodes' places in racks and blocks (``--topology``, ddpjob_box.topology); with Kueue, its Topology too
     topology: tuple[Level, ...] = ()
     # kube-proxy on the first node (ClusterIP Services); False: none, so another box on the host may run one
@@ -231,7 +233,11 @@ class Box:
             if local_images.import_into_containerd(image, node.layout.containerd_socket, node.layout.containerd_root):
                 print(f"kueue: imported {image} into the node ({time.monotonic() - started:.0f}s)", flush=True)
             kueue = Kueue(
-                kubeconfig=self.plane.kubeconfig, image=image, node=node.name, workdir=self.data_dir / "kueue"
+                kubeconfig=self.plane.kubeconfig,
+                image=image,
+                node=node.name,
+                workdir=self.data_dir / "kueue",
+                pods_ready_timeout=self.kueue_pods_ready_timeout,
             )
             # Set before the install: a half-done install is still ours to report on.
             self.kueue = kueue

@@ -60,16 +60,20 @@ def chart_dir() -> Path:
     return toolchain.kueue_module_dir() / "charts" / "kueue"
 
 
-def manager_config(shipped: str) -> dict[str, Any]:
+def manager_config(shipped: str, pods_ready_timeout: str = "") -> dict[str, Any]:
     """Kueue's Configuration: the chart's own (its frameworks list, the pod integration among them, as it
-    ships), plus DDPJob as an external framework and waitForPodsReady."""
+    ships), plus DDPJob as an external framework and waitForPodsReady (its timeout ``pods_ready_timeout`` when
+    given: ``bench.scale`` takes Kueue's own 5m)."""
     config: dict[str, Any] = yaml.safe_load(shipped)
     config.setdefault("integrations", {})["externalFrameworks"] = [EXTERNAL_FRAMEWORK]
-    config["waitForPodsReady"] = WAIT_FOR_PODS_READY
+    config["waitForPodsReady"] = {
+        **WAIT_FOR_PODS_READY,
+        **({"timeout": pods_ready_timeout} if pods_ready_timeout else {}),
+    }
     return config
 
 
-def chart_values(image: str, shipped_config: str, node: str) -> dict[str, Any]:
+def chart_values(image: str, shipped_config: str, node: str, pods_ready_timeout: str = "") -> dict[str, Any]:
     """The values the box installs the chart with, its manager on ``node``; everything else is the chart's
     default."""
     repository, tag = image.rsplit(":", 1)
@@ -90,7 +94,9 @@ def chart_values(image: str, shipped_config: str, node: str) -> dict[str, Any]:
             # On the box's first node: tests cut the others' power, which would take Kueue down with them
             "nodeSelector": {"kubernetes.io/hostname": node},
         },
-        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(shipped_config))},
+        "managerConfig": {
+            "controllerManagerConfigYaml": yaml.safe_dump(manager_config(shipped_config, pods_ready_timeout))
+        },
     }
 
 
@@ -147,6 +153,8 @@ class Kueue:
     # The values file and helm's own config, cache and data directories (kept out of $HOME)
     workdir: Path
     installed: bool = False
+    # waitForPodsReady's timeout, when not WAIT_FOR_PODS_READY's
+    pods_ready_timeout: str = ""
 
     def install(self, timeout: float = 300) -> None:
         """helm install the chart, then wait until the manager is Available and its webhooks answer."""
@@ -154,7 +162,9 @@ class Kueue:
         chart = chart_dir()
         self.workdir.mkdir(parents=True, exist_ok=True)
         values = self.workdir / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(self.image, shipped_manager_config(chart), self.node)))
+        values.write_text(
+            yaml.safe_dump(chart_values(self.image, shipped_manager_config(chart), self.node, self.pods_ready_timeout))
+        )
         # Before the manager starts, so its first watch of DDPJobs succeeds.
         rbac = self.workdir / "external-framework-rbac.json"
         rbac.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": external_framework_rbac()}))

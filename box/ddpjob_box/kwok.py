@@ -49,9 +49,32 @@ OWNER_KINDS_THAT_COMPLETE = ("Job", "DDPJob", "PyTorchJob")
 finish too, as a training run does, and so do a PyTorchJob's, for ``bench.scale``'s other side)."""
 
 
+CONFIGURATION: dict[str, Any] = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+    "kind": "KwokConfiguration",
+    "options": {
+        "podPlayStageParallelism": 32,
+        "nodePlayStageParallelism": 4,
+        "nodeLeaseParallelism": 8,
+        "podsOnNodeSyncParallelism": 1,
+        "manageAllNodes": False,
+        "enableDebuggingHandlers": True,
+        "enableProfilingHandler": True,
+        "enableContentionProfiling": False,
+        "enablePodsOnNodeSyncListPager": True,
+        "enablePodsOnNodeSyncStreamWatch": False,
+    },
+}
+"""KWOK plays 4 pod stages at a time by default: about 10 status patches a second here, so that 400 admitted pods
+waited minutes to turn Ready and Kueue evicted their jobs for PodsReadyTimeout (``bench.scale``). A configuration
+read from a file gets none of KWOK's defaults (v0.8.0 exited: "playStageParallelism must be greater than 0"), so
+each option is given, KWOK's default where this does not change it."""
+
+
 def stages(module: Path) -> str:
-    """KWOK's general stages, as its module ships them, with DDPJob's pods among those that complete."""
-    documents = []
+    """KWOK's configuration, then its general stages as its module ships them, with DDPJob's pods among those that
+    complete."""
+    documents: list[dict[str, Any]] = [CONFIGURATION]
     for name in STAGES:
         stage = yaml.safe_load((module / "kustomize" / "stage" / name).read_text())
         for expression in (stage.get("spec") or {}).get("selector", {}).get("matchExpressions") or []:

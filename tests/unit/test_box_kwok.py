@@ -28,7 +28,8 @@ def test_the_stages_are_kwoks_own_with_ddpjob_pods_completing_like_a_jobs(tmp_pa
         selector = [{"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}]
         stage = {"kind": "Stage", "metadata": {"name": path.stem}, "spec": {"selector": {"matchExpressions": selector}}}
         path.write_text(yaml.safe_dump(stage))
-    read = list(yaml.safe_load_all(stages(tmp_path)))
+    configuration, *read = yaml.safe_load_all(stages(tmp_path))
+    assert configuration["kind"] == "KwokConfiguration" and configuration["options"]["podPlayStageParallelism"] > 4
     assert [s["metadata"]["name"] for s in read] == [Path(n).stem for n in STAGES]
     kinds = read[STAGES.index("pod/general/pod-complete.yaml")]["spec"]["selector"]["matchExpressions"][0]["values"]
     assert kinds == ["Job", "DDPJob", "PyTorchJob"]
