@@ -118,8 +118,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         restarted_at = time.perf_counter()
         second = Operator(box.plane.kubeconfig, Path(tmp) / "operator-1.log")
         try:
-            create_jobs(client, pods, NAMESPACE, ["probe"], args.ranks, 0, 1, body=job_body(args.ranks, 3600),
-                        path=operator_scale.jobs_path(NAMESPACE))  # fmt: skip
+            failed = create_jobs(client, pods, NAMESPACE, ["probe"], args.ranks, 0, 1,
+                                 body=job_body(args.ranks, 3600), path=operator_scale.jobs_path(NAMESPACE))  # fmt: skip
+            if failed:
+                raise RuntimeError(f"the new job could not be created: {failed[0]}")
             if pods.wait([(NAMESPACE, "probe")], 300) != 1:
                 second.check_alive()
                 raise RuntimeError("the restarted operator made no pod for a new job in 300 s")

@@ -202,10 +202,10 @@ class WorkloadWatch:
     def finished(self) -> int:
         if self.failed is not None:
             raise RuntimeError(f"the Workload watch stopped: {self.failed}") from self.failed
-        return sum(1 for t in self.jobs.values() if t.finished)
+        return sum(1 for t in list(self.jobs.values()) if t.finished)  # a copy: the watch's thread adds to it
 
     def admitted_now(self) -> int:
-        return sum(1 for t in self.jobs.values() if t.admitted and not t.finished)
+        return sum(1 for t in list(self.jobs.values()) if t.admitted and not t.finished)
 
     def close(self) -> None:
         self._closed = True
@@ -217,6 +217,9 @@ def requests_by(log_file: Path, since: float, until: float, agents: Sequence[str
     """The requests received in [since, until) whose user agent starts with one of ``agents``, by (verb, resource),
     watches left out (one is held open, not repeated)."""
     counts: Counter[tuple[str, str]] = Counter()
+    oldest = next((when for _, when in audit.received(log_file, 0.0)), since)
+    if oldest > since:
+        log(f"  the audit log begins {oldest - since:.0f}s after the window: its rotation dropped requests")
     for event, when in audit.received(log_file, since):
         if when >= until or event.get("stage") != "ResponseComplete" or event.get("verb") == "watch":
             continue
@@ -250,8 +253,7 @@ def run_once(box: Any, client: Api, side: Side, index: int, args: argparse.Names
         time.sleep(5.0)
         full_from, window_meter = time.time(), CpuMeter({"operator": op.pid})
         time.sleep(args.window)
-        full = requests_by(plane.audit_log, full_from, time.time(), side.agents)
-        full_cpu = window_meter.used()["operator"]
+        full_until, full_cpu = time.time(), window_meter.used()["operator"]  # the log is read after the drain
         waiting = args.jobs - workloads.finished() - workloads.admitted_now()
         deadline = time.monotonic() + args.timeout
         while (done := workloads.finished()) < args.jobs:
@@ -268,10 +270,12 @@ def run_once(box: Any, client: Api, side: Side, index: int, args: argparse.Names
         pods.close()
         workloads.close()
         op.stop()
+    full = requests_by(plane.audit_log, full_from, full_until, side.agents)
     every = requests_by(plane.audit_log, since, time.time(), side.agents)
+    # Admitted -> pods of the jobs admitted once (an evicted job's pods and its second admission do not pair)
     to_pods = [pods.jobs[(ns, n)].done - workloads.jobs[n].admitted for n in names
                if (ns, n) in pods.jobs and pods.jobs[(ns, n)].done and n in workloads.jobs
-               and workloads.jobs[n].admitted]  # fmt: skip
+               and workloads.jobs[n].admitted and not workloads.jobs[n].evictions]  # fmt: skip
     evictions = sum(t.evictions for t in workloads.jobs.values())
     result = {
         "side": side.name,

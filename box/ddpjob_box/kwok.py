@@ -68,7 +68,7 @@ CONFIGURATION: dict[str, Any] = {
 """KWOK plays 4 pod stages at a time by default: about 10 status patches a second here, so that 400 admitted pods
 waited minutes to turn Ready and Kueue evicted their jobs for PodsReadyTimeout (``bench.scale``). A configuration
 read from a file gets none of KWOK's defaults (v0.8.0 exited: "playStageParallelism must be greater than 0"), so
-each option is given, KWOK's default where this does not change it."""
+each option is given: KWOK's defaults, but for the pod stages and node leases (8, from 4: 250 nodes' leases)."""
 
 
 def stages(module: Path) -> str:

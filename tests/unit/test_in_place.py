@@ -14,7 +14,7 @@ from ddpjob_contract.status import Phase
 from ddpjob_operator import builders
 from ddpjob_operator.policies import in_place
 from ddpjob_operator.progress import RankSample
-from ddpjob_operator.status import pod_view
+from ddpjob_operator.status import MachineFault, pod_view
 
 from .factories import job
 from .test_controller import KEY, FakeKube, controller
@@ -310,3 +310,17 @@ def test_a_rank_failing_after_its_in_place_restart_trained_is_counted_again() ->
     c.set(0, phase="Failed", exit_code=200)
     c.step()
     assert (c.status.attempt, c.status.restarts) == (1, 2)
+
+
+def test_an_uncounted_restart_after_an_in_place_one_still_sees_a_machine_fault_twice_on_one_node() -> None:
+    c = running(2, runPolicy={"backoffLimit": 3})
+    c.set_all(node="node-1")
+    c.status = replace(c.status, machine_fault=MachineFault("node-1", 0, "SIGBUS"))  # the last attempt's fault
+    train(c, 5, 10)
+    _restarted(c, 1)
+    c.poll()
+    c.poll()
+    c.set(0, phase="Failed", exit_code=135)  # SIGBUS again on node-1, before the restarted processes trained
+    c.step()
+    assert c.condition("Restarting")[:2] == (True, "NodeUnhealthy") and c.status.restarts == 1
+    assert [e.name for e in c.status.excluded_nodes] == ["node-1"]

@@ -7,6 +7,8 @@ the in-place one and the gang's once the dead node's supervisor never came back)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpjob_contract.status import Reason
 from ddpjob_operator.policies import in_place, node_loss, restart
 from ddpjob_operator.status import ExcludedNode, Failure, MachineFault
@@ -29,7 +31,7 @@ def rule(v: View) -> Transition | None:
     if retryable and (restarted := in_place.unproven(v)):
         said = (f"{cause}; the gang's processes, restarted in place (restart {restarted}, already counted), trained "
                 f"no step before it: the same failure")  # fmt: skip
-        return Restart(Reason.RETRYABLE, said, rp.backoff_limit, counted=False)
+        return replace(_restart_for(v, decision.cause, said), counted=False)  # a machine fault is still seen
     if decision.restart:
         return _restart_for(v, decision.cause, cause)
     if decision.backoff_exceeded:
