@@ -14,7 +14,7 @@ from ddpjob_contract import kueue
 from ddpjob_operator.api import Key
 from ddpjob_operator.kube import NotServed
 from ddpjob_operator.listwatch import NotYet
-from ddpjob_operator.workloads import Kueue, WorkloadWatch
+from ddpjob_operator.workloads import FLAVOR_SECONDS, Kueue, WorkloadWatch
 
 
 def workload(name: str, job: str, *, rv: str = "5", uid: str = "u1", ns: str = "ns", **meta: Any) -> dict[str, Any]:
@@ -180,3 +180,16 @@ def test_the_orphans_are_the_workloads_being_deleted_that_kueues_finalizer_still
     watcher._event("", "MODIFIED", workload("w2", "b", deletionTimestamp="2026-11-29T00:00:00Z"))
     watcher._event("", "MODIFIED", workload("w3", "c", finalizers=[kueue.FINALIZER]))
     assert client.orphans() == [("ns", "w1", ("ns", "a"))]
+
+
+def test_a_resourceflavor_is_read_once_per_half_minute_not_on_every_reconcile() -> None:
+    api = Api()
+    now = [100.0]
+    client = Kueue(api, clock=lambda: now[0])
+    for _ in range(5):
+        client.flavor("gpu")
+    assert api.calls == ["GET resourceflavors/gpu"]
+    now[0] += FLAVOR_SECONDS
+    client.flavor("gpu")
+    client.flavor("cpu")
+    assert api.calls == ["GET resourceflavors/gpu", "GET resourceflavors/gpu", "GET resourceflavors/cpu"]
