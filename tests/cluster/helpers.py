@@ -151,8 +151,14 @@ class Raw:
         )  # fmt: skip
         response = self.api.call_api(m, url, header_params=h, body=b, _request_timeout=30)
         raw = response.read()
-        data = json.loads(raw) if raw else None
-        if not 200 <= response.status < 300:
+        ok = 200 <= response.status < 300
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:  # a group the apiserver has not registered yet answers "404 page not found" as text
+            if ok:
+                raise
+            data = raw.decode(errors="replace")
+        if not ok:
             raise ApiError(response.status, data)
         return data
 
