@@ -120,27 +120,22 @@ def pytorchjob_body(ranks: int, seconds: int) -> Callable[[str], dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class Side:
-    """One operator under test: its jobs, its pods' labels, the user agents of its requests, how to start it."""
+class Side(peer_operator.Peer):
+    """One operator under test (``bench.peer_operator``'s), with the user agents its requests carry."""
 
-    name: str
-    path: Callable[[str], str]
-    body: Callable[[str], dict[str, Any]]
-    selector: str
-    job_label: str
-    agents: tuple[str, ...]
-    start: Callable[[Path, Path], peer_operator.Running]
+    agents: tuple[str, ...] = ()
 
 
 def sides(client: Api, ranks: int, seconds: int) -> dict[str, Side]:
     return {
         "DDPJob": Side("DDPJob", operator_scale.jobs_path, ddpjob_body(ranks, seconds),
-                       f"{LABEL_MANAGED_BY}={MANAGED_BY}", LABEL_JOB_NAME, ("ddpjob-operator", "kopf/"),
-                       lambda kubeconfig, log_path: Operator(kubeconfig, log_path)),
+                       f"{LABEL_MANAGED_BY}={MANAGED_BY}", LABEL_JOB_NAME,
+                       lambda kubeconfig, log_path: Operator(kubeconfig, log_path), ("ddpjob-operator", "kopf/")),
         "PyTorchJob": Side("PyTorchJob", peer_operator.pytorchjobs_path, pytorchjob_body(ranks, seconds),
                            "training.kubeflow.org/operator-name=pytorchjob-controller",
-                           "training.kubeflow.org/job-name", ("training-operator",),
-                           lambda kubeconfig, log_path: peer_operator.TrainingOperator(client, kubeconfig, log_path)),
+                           "training.kubeflow.org/job-name",
+                           lambda kubeconfig, log_path: peer_operator.TrainingOperator(client, kubeconfig, log_path),
+                           ("training-operator",)),
     }  # fmt: skip
 
 
