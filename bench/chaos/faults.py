@@ -70,6 +70,16 @@ def trainer_pid(stack: Stack, job: JobRef, pod: str, *, training: bool = True) -
         time.sleep(0.5)
 
 
+def _command(pid: int) -> str:
+    """The process's command line, shortened: the supervisor and the training process differ in it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return "gone"
+    return " ".join(w.decode(errors="replace") for w in words if w)[:80]
+
+
 class Broken(Exception):
     """The fault found a promise broken on the spot: a violation, and the run goes on."""
 
@@ -86,7 +96,9 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
             # first process (the container ends: its kubelet restarts it in place, or the operator makes it again).
             os.kill(trainer_pid(stack, job, pod, training=rng.random() < 0.5), signal.SIGKILL)
         case "hang-rank":
-            os.kill(trainer_pid(stack, job, pod), signal.SIGSTOP)
+            pid = trainer_pid(stack, job, pod)
+            os.kill(pid, signal.SIGSTOP)
+            return f"{pod}: pid {pid} ({_command(pid)})"  # a violation's record says which process hung
         case "delete-pod":
             try:
                 stack.call(stack.core.delete_namespaced_pod, pod, job.namespace)

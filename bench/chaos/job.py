@@ -47,6 +47,10 @@ class Run:
     """The runs of the same seed that went on at some moment of this one."""
     node_hits: int = 0
     """Other runs' node cuts under a live rank of this run's job: each may cost it one restart more."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """On a violation, the job's status as the run ended (its progress: each rank's last step and poll error)."""
+    pods: list[str] = field(default_factory=list)
+    """On a violation, each of the job's pods: phase, node, and each container's state."""
 
     @property
     def replay(self) -> str:

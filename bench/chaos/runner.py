@@ -52,6 +52,23 @@ def names(seed: int, index: int, namespace: str) -> JobRef:
     return JobRef(namespace, f"chaos-{seed}-{index}", f"ckpt-{seed}-{index}")
 
 
+def pod_states(stack: Stack, job: JobRef) -> list[str]:
+    """'chaos-1-0 Running on box-node-2: trainer running (restarts 0)', for each of the job's pods; [] when the
+    apiserver does not answer."""
+    try:
+        pods = stack.call(stack.core.list_namespaced_pod, job.namespace).items
+    except Exception:
+        return []
+    said = []
+    for pod in pods:
+        states = []
+        for c in pod.status.container_statuses or []:
+            state = next((k for k in ("running", "waiting", "terminated") if getattr(c.state, k, None)), "unknown")
+            states.append(f"{c.name} {state} (restarts {c.restart_count})")
+        said.append(f"{pod.metadata.name} {pod.status.phase} on {pod.spec.node_name or 'no node'}: {', '.join(states)}")
+    return said
+
+
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     rng, faults = drawn(seed, index, kueue=stack.kueue, nodes=stack.node_count)
     result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
@@ -135,6 +152,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     if result.violations:
         result.operator_log = log_excerpt(operator_log, job.name)
         result.removals = audit.removals(stack.box.plane.audit_log, job.namespace, job.name)
+        result.status, result.pods = status(stack, job), pod_states(stack, job)
     result.seconds = round(time.monotonic() - started, 1)
     return result
 

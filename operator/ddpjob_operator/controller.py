@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ddpjob_contract import faults
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import builders, metrics, queueing
+from ddpjob_operator import builders, metrics, queueing, write_pace
 from ddpjob_operator.actions import Plan
 from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
@@ -207,6 +207,10 @@ class Controller:
         if self._launches_unwritten(key, old, the_plan):
             return self._launch_before_status(key, cached, body, job, the_plan, now)
         self.remembered.launching.discard(key)
+        paced = self._paced(key, old, the_plan, now)
+        if paced:
+            self._progress.track(key, the_plan.status.attempt, the_plan.poll, the_plan.poll_interval)
+            return paced if the_plan.requeue_after is None else min(paced, the_plan.requeue_after)
         try:
             written = _write_status(self._api, body, old, the_plan.status)
         except KubeError as err:
@@ -215,8 +219,17 @@ class Controller:
         if written is None or (written is cached and _acts(the_plan)):
             self.bodies.drop(key)  # stale, or not known to be current: act only on a body just read or written
             return 0.0
+        if written is not body:
+            self.remembered.written[key] = now
         self._written(key, cached, body, written, the_plan, now)
         return None if job is None else self._execute(key, body, job, the_plan, now)
+
+    def _paced(self, key: Key, old: JobStatus, the_plan: Plan, now: datetime) -> float:
+        """Seconds a status change that decides nothing waits for the job's next write (``write_pace``); 0: write
+        now. A plan that acts writes first, at once."""
+        if _acts(the_plan) or old == the_plan.status or not write_pace.observed_only(old, the_plan.status):
+            return 0.0
+        return write_pace.wait(self.remembered.written.get(key), now)
 
     def _gone(self, key: Key) -> None:
         """The job is gone or going: owner references let the garbage collector take its children. Kueue holds the

@@ -77,6 +77,8 @@ class Remembered:
         """Jobs whose last try to create their Workload failed, and why: said in the next status, and retried."""
         self.launching: set[Key] = set()
         """New jobs whose first pods went out before their first status write (``Controller._launches_unwritten``)."""
+        self.written: dict[Key, datetime] = {}
+        """When each job's status was last written (``write_pace``)."""
         self.terminating: dict[str, datetime] = {}
         """Namespaces being deleted, and since when: their jobs made before that are left alone.
         A job made later is in a namespace of the same name made anew, which clears the entry."""
@@ -88,3 +90,4 @@ class Remembered:
         self.failed_creates.pop(key, None)
         self.workload_failures.pop(key, None)
         self.launching.discard(key)
+        self.written.pop(key, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Executor, Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import pytest
@@ -630,3 +630,48 @@ def test_the_pods_made_avoid_the_nodes_the_job_excludes(creates: Executor) -> No
         assert term["matchExpressions"] == [
             {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-1"]}
         ]
+
+
+def test_pod_changes_that_decide_nothing_are_written_together_and_a_failure_is_written_at_once(
+    creates: Executor,
+) -> None:
+    """KWOK's pod stages cost about four status writes per rank (bench.scale): each pod bound, then each running, was
+    one write. Such changes now wait until 2 s after the job's last write (``write_pace``) and go out together; a
+    change that decides something (here a failure, with no restart left) does not wait."""
+    kube = FakeKube(replicas=2)
+    cache = FakeCache([])
+    clock = [T0]
+    ctl = Controller(kube, cache, NoPolls(), lambda: clock[0], nodes=Nodes(), kueue=Kueue(kube), creates=creates,
+                     events=Inline(), pod_groups=False)  # fmt: skip
+    ctl.bodies.put(KEY, kube.job)
+    ctl.reconcile(KEY)
+    ctl.reconcile(KEY)  # the status, once the pods exist: Pending, written at T0
+    assert kube.calls.count("PUT status") == 1
+    kube.calls.clear()
+
+    def bound(rank: int, node: str, **status: Any) -> None:
+        (pod,) = [p for p in cache.index.pods(KEY) if p["metadata"]["name"] == f"train-{rank}"]
+        cache.index.apply("MODIFIED", {**pod, "spec": {**pod.get("spec", {}), "nodeName": node},
+                                       "status": {**pod.get("status", {}), **status}})  # fmt: skip
+
+    bound(0, "node-a")
+    clock[0] = T0 + timedelta(seconds=0.5)
+    assert ctl.reconcile(KEY) == pytest.approx(1.5), "looked at again when the pace allows"
+    bound(1, "node-b")
+    clock[0] = T0 + timedelta(seconds=1.2)
+    assert ctl.reconcile(KEY) == pytest.approx(0.8)
+    assert "PUT status" not in kube.calls, "where each rank runs decides nothing: it waits"
+    clock[0] = T0 + timedelta(seconds=2.0)
+    ctl.reconcile(KEY)
+    assert kube.calls == ["PUT status"], "both ranks' nodes in one write"
+    assert kube.job["status"]["placement"]["nodes"] == ["node-a", "node-b"]
+    kube.calls.clear()
+
+    failed = {"name": "trainer", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    bound(1, "node-b", phase="Failed", containerStatuses=[failed])
+    kube.list_pods = lambda namespace, name: cache.index.pods(KEY)  # type: ignore[method-assign]
+    clock[0] = T0 + timedelta(seconds=2.1)
+    ctl.reconcile(KEY)
+    writes = [c for c in kube.calls if not c.startswith(("LIST", "GET"))]
+    assert writes[0] == "PUT status", "a rank's failure decides the job's end: written at once, before it acts"
+    assert kube.job["status"]["phase"] == "Failed", kube.job["status"]
