@@ -210,7 +210,8 @@ class WorkloadWatch:
 
 def requests_by(log_file: Path, since: float, until: float, agents: Sequence[str]) -> Counter[tuple[str, str]]:
     """The requests received in [since, until) whose user agent starts with one of ``agents``, by (verb, resource),
-    watches left out (one is held open, not repeated)."""
+    watches left out (one is held open, not repeated); a request refused is counted apart, its code after the
+    resource ("events (409)")."""
     counts: Counter[tuple[str, str]] = Counter()
     oldest = next((when for _, when in audit.received(log_file, 0.0)), since)
     if oldest > since:
@@ -222,7 +223,8 @@ def requests_by(log_file: Path, since: float, until: float, agents: Sequence[str
             continue
         ref = event.get("objectRef") or {}
         resource = (ref.get("resource") or "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        counts[str(event.get("verb")), resource] += 1
+        code = int((event.get("responseStatus") or {}).get("code") or 0)
+        counts[str(event.get("verb")), resource + (f" ({code})" if code >= 300 else "")] += 1  # refused apart
     return counts
 
 

@@ -281,10 +281,10 @@ def test_the_scale_benchmark_counts_an_operators_requests_by_its_user_agent_with
 
     from bench import scale
 
-    def event(agent: str, verb: str, resource: str, at: str, subresource: str = "") -> str:
+    def event(agent: str, verb: str, resource: str, at: str, subresource: str = "", code: int = 201) -> str:
         ref = {"resource": resource, **({"subresource": subresource} if subresource else {})}
         return json.dumps({"stage": "ResponseComplete", "userAgent": agent, "verb": verb, "objectRef": ref,
-                           "requestReceivedTimestamp": at})  # fmt: skip
+                           "requestReceivedTimestamp": at, "responseStatus": {"code": code}})  # fmt: skip
 
     log = tmp_path / "audit.log"
     log.write_text("\n".join([
@@ -292,12 +292,13 @@ def test_the_scale_benchmark_counts_an_operators_requests_by_its_user_agent_with
         event("kopf/1.38", "patch", "ddpjobs", "2026-11-29T10:00:02Z", "status"),
         event("ddpjob-operator/op-1", "watch", "workloads", "2026-11-29T10:00:02Z"),
         event("kwok/v0.8.0", "patch", "pods", "2026-11-29T10:00:03Z", "status"),
+        event("ddpjob-operator/op-1", "create", "events", "2026-11-29T10:00:04Z", code=409),
         event("training-operator/v0.0.0", "create", "pods", "2026-11-29T10:00:03Z"),
         event("ddpjob-operator/op-1", "create", "pods", "2026-11-29T10:00:09Z"),  # after the window
     ]))  # fmt: skip
     since, until = 1795946400.0, 1795946405.0  # 10:00:00 to 10:00:05 UTC
     ours = scale.requests_by(log, since, until, ("ddpjob-operator", "kopf/"))
-    assert ours == {("create", "pods"): 1, ("patch", "ddpjobs/status"): 1}
+    assert ours == {("create", "pods"): 1, ("patch", "ddpjobs/status"): 1, ("create", "events (409)"): 1}
     assert scale.requests_by(log, since, until, ("training-operator",)) == {("create", "pods"): 1}
 
 
