@@ -139,6 +139,8 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
         result.violations.append(str(err))
     finally:
         result.violations += watchdog.stop()
+    if result.violations:  # as the run left the job, before its end deletes it
+        result.status, result.pods = status(stack, job), pod_states(stack, job)
     events = stack.call(
         stack.core.list_namespaced_event, job.namespace, field_selector=f"involvedObject.name={job.name}"
     )
@@ -152,7 +154,6 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     if result.violations:
         result.operator_log = log_excerpt(operator_log, job.name)
         result.removals = audit.removals(stack.box.plane.audit_log, job.namespace, job.name)
-        result.status, result.pods = status(stack, job), pod_states(stack, job)
     result.seconds = round(time.monotonic() - started, 1)
     return result
 
