@@ -8,7 +8,7 @@ counting a restart, the quota given back only once every pod is gone, and the Wo
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -201,6 +201,22 @@ def test_a_finished_job_marks_its_workload_finished_then_drops_the_finalizer() -
     assert finished and finished[-1].body["status"]["conditions"][0]["reason"] == "Succeeded"
     after = run(j, p.status, done, workload(j, *ADMITTED, cond("Finished", True, "Succeeded")))
     assert after.release_workload and after.workload_status == ()
+
+
+def test_ranks_that_exit_together_give_their_quota_back_with_finished_and_a_late_one_frees_the_others() -> None:
+    """bench.scale: one reclaimablePods write per rank that exited 0 made most of a job's 8.9 Workload writes. A DDP
+    gang's ranks leave together (every one passed the last barrier), so those that did are counted only once the
+    first has been gone RECLAIM_AFTER_SECONDS: none for a gang that ends at once, whose Finished gives all back."""
+    j, status, pods = running_job()
+    wl = workload(j, *ADMITTED, cond("PodsReady", True, "Started", "All pods reached readiness and the workload "
+                                                                 "is running"))  # fmt: skip
+    exited = replace(pods[0], phase="Succeeded", exit_code=0, finished_at="2026-11-26T00:00:00Z")  # at T0
+    p = run(j, status, [exited, pods[1]], wl)
+    assert p.workload_status == (), "rank 1 is leaving too: no write per rank"
+    assert p.requeue_after is not None and p.requeue_after <= admission.RECLAIM_AFTER_SECONDS, "looked at again"
+    later = T0 + timedelta(seconds=admission.RECLAIM_AFTER_SECONDS)
+    (reclaim,) = plan(j, p.status, [exited, pods[1]], later, queued=read(j, wl)).workload_status
+    assert reclaim.body["status"]["reclaimablePods"] == [{"name": kueue.POD_SET, "count": 1}]
 
 
 def test_a_labelled_job_without_kueue_installed_says_so_and_makes_nothing() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
 from ddpjob_operator.actions import KUEUE_POLL_SECONDS, Plan, soonest
+from ddpjob_operator.policies import exit_grace
 from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
 from ddpjob_operator.status import PodView
 from ddpjob_operator.transitions import Admit, Evict, Queue, Transition
@@ -26,6 +27,11 @@ from ddpjob_operator.view import View
 
 KUEUE_DOCS = "docs/operations.md#queueing-with-kueue"
 WORKLOAD_OVERDUE_SECONDS = 30.0
+RECLAIM_AFTER_SECONDS = 5.0
+"""How long after the first rank exited 0 the ranks that did are counted in the Workload's reclaimablePods. Ranks
+that finish together (a DDP job's usual end: every rank passes the last barrier) give their quota back with the
+Workload's Finished condition, in one write, not one per rank; one still exiting after this long (a teardown that
+hangs) no longer holds the quota of those that are done."""
 """A queued job whose Workload is still not there this long after it was queued says so, in a Warning Event."""
 
 
@@ -102,13 +108,15 @@ def workload_writes(
     pods_left: int,
     all_ready: bool,
     succeeded: int,
+    exiting_for: float = 0.0,
     outcome: str,
     now: datetime,
 ) -> tuple[StatusApply, ...]:
     """What the operator writes to the Workload's status after this reconcile.
 
     ``pods_left``: the job's pods, terminating ones included; ``all_ready``: every rank of the attempt runs or has
-    exited 0; ``succeeded``: ranks that exited 0; ``outcome``: the finished job's message.
+    exited 0; ``succeeded``: ranks that exited 0, ``exiting_for`` seconds ago the first of them (``RECLAIM_AFTER_
+    SECONDS``); ``outcome``: the finished job's message.
     """
     if not (q.queued and q.served and q.exists) or q.finished:
         return ()
@@ -121,7 +129,7 @@ def workload_writes(
         ready = pods_ready(q, all_ready, now)
         if ready is not None:
             writes.append(ready)
-        if succeeded > q.reclaimable:
+        if succeeded > q.reclaimable and exiting_for >= RECLAIM_AFTER_SECONDS:
             writes.append(reclaimable(q, succeeded))
     return tuple(writes)
 
@@ -163,15 +171,19 @@ def kueue_writes(q: Queueing, the_plan: Plan, pods: Sequence[PodView], now: date
                and c.status]  # fmt: skip
     left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
     ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
+    first = exit_grace.first_exit(pods)
+    exiting_for = (now - first).total_seconds() if first is not None else 0.0
     writes = workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
-                                       outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
+                             exiting_for=exiting_for, outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
     settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
+    reclaim = status.succeeded > q.reclaimable and not status.phase.finished and first is not None
     return {
         "create_workload": create_workload(q, status.phase),
         "workload_status": writes,
         "release_workload": release_workload(q, left),
-        "requeue_after": soonest(the_plan.requeue_after, None if settled else look_again(q)),
-    }
+        "requeue_after": soonest(the_plan.requeue_after, None if settled else look_again(q),
+                                 max(0.0, RECLAIM_AFTER_SECONDS - exiting_for) if reclaim else None),
+    }  # fmt: skip
 
 
 def look_again(q: Queueing) -> float | None:
