@@ -486,9 +486,19 @@ def _rank_window(target: Target, answers: list[tuple[datetime, RankSample]], err
     )
 
 
-def since_restart(scrapes: Sequence[Scrape], restarts: int) -> list[Scrape]:
-    """The scrapes with the answers of the processes that ``restarts`` in-place restarts or more started alone."""
-    return [replace(s, ranks={r: a for r, a in s.ranks.items() if a.restart_count >= restarts}) for s in scrapes]
+def step_since_restart(scrapes: Sequence[Scrape], restarts: int, window_seconds: float = WINDOW_SECONDS) -> int | None:
+    """The step that the processes started by ``restarts`` in-place restarts or more reached: as ``summarize``
+    takes it (each rank's last answer in the window, the furthest of them), from those processes' answers alone;
+    None until one answers."""
+    if not scrapes:
+        return None
+    latest = scrapes[-1]
+    last: dict[int, float] = {}
+    for s in scrapes:
+        if (latest.at - s.at).total_seconds() <= window_seconds:
+            last.update({rank: a.reached for rank, a in s.ranks.items() if a.restart_count >= restarts})
+    found = [last[t.rank] for t in latest.targets if t.rank in last]
+    return int(max(found)) if found else None
 
 
 def summarize(scrapes: Sequence[Scrape], window_seconds: float = WINDOW_SECONDS) -> Summary | None:

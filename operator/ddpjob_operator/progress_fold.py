@@ -118,7 +118,7 @@ def fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | Non
         return None
     step = summary.step
     if old.restarts_in_place:  # the step the restarted processes reached: 0 until they train one
-        step = (progress.summarize(progress.since_restart(scrapes, old.restarts_in_place)) or summary).step
+        step = progress.step_since_restart(scrapes, old.restarts_in_place)
     advanced = step is not None and step > (old.step or 0)
     ranks = {r.rank for r in summary.ranks}
     known = len(ranks) > 1 and ranks <= set(summary.recent_work)
