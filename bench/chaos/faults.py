@@ -70,6 +70,30 @@ def trainer_pid(stack: Stack, job: JobRef, pod: str, *, training: bool = True) -
         time.sleep(0.5)
 
 
+def _stat(pid: int) -> tuple[str, int]:
+    """(state, parent) from /proc/<pid>/stat; ("gone", 0) once it has exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return "gone", 0
+    return fields[0], int(fields[1])
+
+
+def _family(pid: int) -> str:
+    """'pid 12 T (python ...); parent 9 S (...); siblings [13 S]': the stopped process among its parent's children,
+    each with its state (T: stopped), so that a record shows whether the training process itself hung."""
+    state, parent = _stat(pid)
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children") as f:
+            siblings = [int(p) for p in f.read().split() if int(p) != pid]
+    except (OSError, ValueError):
+        siblings = []
+    others = ", ".join(f"{p} {_stat(p)[0]}" for p in siblings)
+    return (f"pid {pid} {state} ({_command(pid)}); parent {parent} {_stat(parent)[0]} ({_command(parent)}); "
+            f"siblings [{others}]")  # fmt: skip
+
+
 def _command(pid: int) -> str:
     """The process's command line, shortened: the supervisor and the training process differ in it."""
     try:
@@ -98,7 +122,7 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
         case "hang-rank":
             pid = trainer_pid(stack, job, pod)
             os.kill(pid, signal.SIGSTOP)
-            return f"{pod}: pid {pid} ({_command(pid)})"  # a violation's record says which process hung
+            return f"{pod}: {_family(pid)}"  # a violation's record says which process hung, and what was around it
         case "delete-pod":
             try:
                 stack.call(stack.core.delete_namespaced_pod, pod, job.namespace)
