@@ -215,8 +215,13 @@ def test_ranks_that_exit_together_give_their_quota_back_with_finished_and_a_late
     assert p.workload_status == (), "rank 1 is leaving too: no write per rank"
     assert p.requeue_after is not None and p.requeue_after <= admission.RECLAIM_AFTER_SECONDS, "looked at again"
     later = T0 + timedelta(seconds=admission.RECLAIM_AFTER_SECONDS)
-    (reclaim,) = plan(j, p.status, [exited, pods[1]], later, queued=read(j, wl)).workload_status
+    due = plan(j, p.status, [exited, pods[1]], later, queued=read(j, wl))
+    (reclaim,) = due.workload_status
     assert reclaim.body["status"]["reclaimablePods"] == [{"name": kueue.POD_SET, "count": 1}]
+    assert due.requeue_after != 0.0, "written: Kueue's answer wakes the job, no look again at once"
+    evicted = workload(j, *ADMITTED, cond("Evicted", True, "Preempted", "Preempted to accommodate a workload"))
+    gone = plan(j, p.status, [exited, pods[1]], later, queued=read(j, evicted))
+    assert not gone.workload_status and gone.requeue_after != 0.0, "evicted: nothing to count, no spin"
 
 
 def test_a_labelled_job_without_kueue_installed_says_so_and_makes_nothing() -> None:

@@ -27,12 +27,12 @@ from ddpjob_operator.view import View
 
 KUEUE_DOCS = "docs/operations.md#queueing-with-kueue"
 WORKLOAD_OVERDUE_SECONDS = 30.0
+"""A queued job whose Workload is still not there this long after it was queued says so, in a Warning Event."""
 RECLAIM_AFTER_SECONDS = 5.0
 """How long after the first rank exited 0 the ranks that did are counted in the Workload's reclaimablePods. Ranks
 that finish together (a DDP job's usual end: every rank passes the last barrier) give their quota back with the
 Workload's Finished condition, in one write, not one per rank; one still exiting after this long (a teardown that
 hangs) no longer holds the quota of those that are done."""
-"""A queued job whose Workload is still not there this long after it was queued says so, in a Warning Event."""
 
 
 class Verdict(Enum):
@@ -108,7 +108,7 @@ def workload_writes(
     pods_left: int,
     all_ready: bool,
     succeeded: int,
-    exiting_for: float = 0.0,
+    exiting_for: float | None = None,
     outcome: str,
     now: datetime,
 ) -> tuple[StatusApply, ...]:
@@ -129,9 +129,18 @@ def workload_writes(
         ready = pods_ready(q, all_ready, now)
         if ready is not None:
             writes.append(ready)
-        if succeeded > q.reclaimable and exiting_for >= RECLAIM_AFTER_SECONDS:
+        if reclaim_in(q, phase, succeeded, exiting_for) == 0.0:
             writes.append(reclaimable(q, succeeded))
     return tuple(writes)
+
+
+def reclaim_in(q: Queueing, phase: Phase, succeeded: int, exiting_for: float | None) -> float | None:
+    """Seconds until the ranks that exited 0 are counted in reclaimablePods (0: now; ``RECLAIM_AFTER_SECONDS``);
+    None when there is nothing to count or no Workload to count it in (not admitted, evicted, finished)."""
+    may = q.queued and q.served and q.exists and not q.finished and q.may_run() and not phase.finished
+    if not may or phase is Phase.QUEUED or exiting_for is None or succeeded <= q.reclaimable:
+        return None
+    return max(0.0, RECLAIM_AFTER_SECONDS - exiting_for)
 
 
 def create_workload(q: Queueing, phase: Phase) -> bool:
@@ -171,18 +180,17 @@ def kueue_writes(q: Queueing, the_plan: Plan, pods: Sequence[PodView], now: date
                and c.status]  # fmt: skip
     left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
     ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
-    first = exit_grace.first_exit(pods)
-    exiting_for = (now - first).total_seconds() if first is not None else 0.0
+    first = exit_grace.first_exit(p for p in pods if p.attempt == status.attempt)  # not an old attempt's exit
+    exiting_for = (now - first).total_seconds() if first is not None else None
     writes = workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
                              exiting_for=exiting_for, outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
     settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
-    reclaim = status.succeeded > q.reclaimable and not status.phase.finished and first is not None
+    reclaim = reclaim_in(q, status.phase, status.succeeded, exiting_for)  # once written, Kueue's echo wakes the job
     return {
         "create_workload": create_workload(q, status.phase),
         "workload_status": writes,
         "release_workload": release_workload(q, left),
-        "requeue_after": soonest(the_plan.requeue_after, None if settled else look_again(q),
-                                 max(0.0, RECLAIM_AFTER_SECONDS - exiting_for) if reclaim else None),
+        "requeue_after": soonest(the_plan.requeue_after, None if settled else look_again(q), reclaim or None),
     }  # fmt: skip
 
 
