@@ -327,12 +327,17 @@ def _resume(status: JobStatus, now: datetime) -> Applied:
 
 
 def _queue(status: JobStatus, queue: Queue, now: datetime) -> Applied:
-    """Queued, its clock stopped; a warning when Kueue or the Workload is missing."""
+    """Queued, its clock stopped; a warning when Kueue or the Workload is missing. Kueue's words changing while the
+    reason stays (waiting, then "couldn't assign flavors...") are the status's to say: the attempt's Event of that
+    reason is already there (its name is the attempt's and the reason's: another POST is refused, 409)."""
     reason, message = queue.reason, queue.message
+    said = status.condition(ConditionType.QUEUED)
+    again = said is not None and said.status and said.reason == reason
     status = replace(status, phase=Phase.QUEUED, start_time=None)
     status = status.with_condition(ConditionType.QUEUED, True, reason, message, now)
     warning = reason in (Reason.KUEUE_NOT_INSTALLED, Reason.WORKLOAD_MISSING)
-    return _not_running(status, reason, message, now), (Event(reason, message, warning=warning),)
+    events = () if again else (Event(reason, message, warning=warning),)
+    return _not_running(status, reason, message, now), events
 
 
 def _evict(status: JobStatus, evict: Evict, now: datetime) -> Applied:

@@ -83,6 +83,8 @@ def test_a_labelled_job_gets_a_workload_and_no_pod_until_admitted_and_says_kueue
     assert said is not None and said.status and "insufficient quota for example.com/slot" in said.message
     assert said.message.startswith("queued in LocalQueue team-a")
     assert waiting.requeue_after == KUEUE_POLL_SECONDS, "before the Workload watch has listed, it is read again"
+    assert [e.reason for e in first.events] == ["Created", "Queued"]
+    assert waiting.events == (), "Kueue's new words are the status's: the attempt's Queued Event is there (409s)"
 
 
 def test_a_job_waiting_in_a_watched_queue_is_not_looked_at_again_until_kueue_writes_its_workload() -> None:
