@@ -194,8 +194,9 @@ class Runtime:
         self._inbox.post(functools.partial(self._wake, key))
 
     def _node_changed(self, node: str) -> None:
-        """From the node watch's thread: a node's health changed; wake the jobs with a pod on it."""
-        for key in self.pods.jobs_on(node):
+        """From the node watch's thread: a node's health changed; wake the jobs with a pod on it, and those whose
+        topology assignment names it (held while it was lost)."""
+        for key in self.pods.jobs_on(node) | self.kueue.jobs_assigned(node):
             self._inbox.post(functools.partial(self._wake, key))
 
     def _started_leading(self) -> None:

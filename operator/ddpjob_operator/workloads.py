@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ddpjob_contract import kueue
+from ddpjob_operator import topology
 from ddpjob_operator.api import Key
 from ddpjob_operator.listwatch import WATCH_SECONDS, ListWatch, NotYet
 from ddpjob_operator.podcache import job_key, newer, uid
@@ -66,6 +67,12 @@ def _held(workload: Mapping[str, Any]) -> bool:
     """Being deleted, and still held by Kueue's finalizer."""
     meta = workload.get("metadata") or {}
     return bool(meta.get("deletionTimestamp")) and kueue.FINALIZER in (meta.get("finalizers") or [])
+
+
+def _assigned_nodes(workload: Mapping[str, Any]) -> tuple[str, ...]:
+    """The nodes its admission's topology assignments name (none without one)."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    return tuple(n for a in admission.get("podSetAssignments") or [] for n in topology.nodes(a))
 
 
 def _covers(listed: set[str], namespace: str) -> bool:
@@ -132,6 +139,14 @@ class Kueue:
         with self._lock:
             held = [(where, w) for where, w in self._workloads.items() if _held(w)]
         return [(*where, key) for where, w in held if (key := job_key(w)) is not None]
+
+    def jobs_assigned(self, node: str) -> set[Key]:
+        """The jobs whose Workload's topology assignment names ``node``, as last seen. A job held because its
+        assignment named a lost node (``lifecycle``) is woken when that node turns Ready again: it may then make its
+        pods there, before Kueue replaces the node (which wakes it through its Workload)."""
+        with self._lock:
+            known = list(self._workloads.values())
+        return {key for w in known if node in _assigned_nodes(w) and (key := job_key(w)) is not None}
 
     # Writes
 

@@ -193,3 +193,22 @@ def test_a_resourceflavor_is_read_once_per_half_minute_not_on_every_reconcile() 
     client.flavor("gpu")
     client.flavor("cpu")
     assert api.calls == ["GET resourceflavors/gpu", "GET resourceflavors/gpu", "GET resourceflavors/cpu"]
+
+
+def test_the_jobs_whose_topology_assignment_names_a_node_are_found_to_be_woken_when_it_turns_ready() -> None:
+    """A job is held while its assignment names a lost node (no pod made there); the node's return must wake it, as
+    Kueue's replacement would, not the 300 s resync. Without the wake it waited for the resync (issue 45's note)."""
+    api = Api()
+    client, watcher = watch(api, [])
+    watcher._list("")
+    placed = workload("w1", "a")
+    tas = {"levels": ["topology.ddpjob.dev/rack", "kubernetes.io/hostname"],
+           "slices": [{"domainCount": 2, "valuesPerLevel": [{"universal": "rack-1"},
+                                                           {"individual": {"roots": ["node-2", "node-3"]}}],
+                       "podCounts": {"universal": 1}}]}  # fmt: skip
+    placed["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": kueue.POD_SET, "count": 2, "topologyAssignment": tas}]}  # fmt: skip
+    watcher._event("", "MODIFIED", placed)
+    watcher._event("", "MODIFIED", workload("w2", "b", uid="u2"))  # admitted without a topology: names no node
+    assert client.jobs_assigned("node-3") == {("ns", "a")}
+    assert client.jobs_assigned("node-9") == set()
