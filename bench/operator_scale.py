@@ -118,6 +118,7 @@ class JobTimes:
     created: float = 0.0  # when the POST returned
     pods: set[str] = field(default_factory=set)
     done: float = 0.0  # when the watch delivered its last pod
+    first: float = 0.0  # when the watch delivered its first pod
 
 
 class PodWatch:
@@ -180,6 +181,7 @@ class PodWatch:
             with self.done:
                 times = self.jobs.setdefault((meta["namespace"], meta["labels"][self._job_label]), JobTimes())
                 times.pods.add(meta["name"])
+                times.first = times.first or now
                 if len(times.pods) >= self.replicas and not times.done:
                     times.done = now
                     self.done.notify_all()
