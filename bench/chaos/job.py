@@ -50,7 +50,8 @@ class Run:
     status: dict[str, Any] = field(default_factory=dict)
     """On a violation, the job's status as the run ended (its progress: each rank's last step and poll error)."""
     pods: list[str] = field(default_factory=list)
-    """On a violation, each of the job's pods: phase, node, and each container's state."""
+    """On a violation, each of the job's pods (phase, node, each container's state), and under Kueue its Workloads and
+    ClusterQueue."""
 
     @property
     def replay(self) -> str:

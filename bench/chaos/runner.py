@@ -69,6 +69,35 @@ def pod_states(stack: Stack, job: JobRef) -> list[str]:
     return said
 
 
+def queue_states(stack: Stack, job: JobRef) -> list[str]:
+    """Under Kueue: each Workload of the run's namespace (its conditions) and its ClusterQueue's usage, said in a line
+    each; [] without Kueue or while the apiserver does not answer. For a job that waited too long to be admitted."""
+    if not stack.kueue:
+        return []
+    group, version = "kueue.x-k8s.io", "v1beta2"
+    try:
+        workloads = stack.call(stack.custom.list_namespaced_custom_object, group, version, job.namespace, "workloads")
+        queue = stack.call(
+            stack.custom.get_cluster_custom_object, group, version, "clusterqueues", f"cq-{job.namespace}"
+        )
+    except Exception:
+        return []
+    said = []
+    for w in workloads.get("items") or []:
+        conditions = [f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message', '')[:160]}"
+                      for c in (w.get("status") or {}).get("conditions") or []]  # fmt: skip
+        said.append(f"Workload {w['metadata']['name']}: {'; '.join(conditions) or 'no condition'}")
+    status = queue.get("status") or {}
+    usage = [
+        f"{r.get('name')} {r.get('total')}" for f in status.get("flavorsUsage") or [] for r in f.get("resources") or []
+    ]
+    said.append(
+        f"ClusterQueue cq-{job.namespace}: admitted {status.get('admittedWorkloads')}, reserving "
+        f"{status.get('reservingWorkloads')}, pending {status.get('pendingWorkloads')}, using {', '.join(usage)}"
+    )
+    return said
+
+
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     rng, faults = drawn(seed, index, kueue=stack.kueue, nodes=stack.node_count)
     result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
@@ -140,7 +169,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     finally:
         result.violations += watchdog.stop()
     if result.violations:  # as the run left the job, before its end deletes it
-        result.status, result.pods = status(stack, job), pod_states(stack, job)
+        result.status, result.pods = status(stack, job), pod_states(stack, job) + queue_states(stack, job)
     events = stack.call(
         stack.core.list_namespaced_event, job.namespace, field_selector=f"involvedObject.name={job.name}"
     )
