@@ -34,6 +34,9 @@ ANNOTATION_UNCONSTRAINED_TOPOLOGY = f"{GROUP}/podset-unconstrained-topology"
 ANNOTATION_SLICE_REQUIRED_TOPOLOGY = f"{GROUP}/podset-slice-required-topology"
 """On the pod template, with ``ANNOTATION_SLICE_SIZE``: each slice of that many ranks in one domain of this level."""
 ANNOTATION_SLICE_SIZE = f"{GROUP}/podset-slice-size"
+TRUE_WORDS = ("1", "t", "T", "TRUE", "true", "True")
+"""What Kueue reads as true in ANNOTATION_UNCONSTRAINED_TOPOLOGY (Go's strconv.ParseBool; its false words are the CRD's
+too)."""
 TOPOLOGY_ANNOTATIONS = (ANNOTATION_REQUIRED_TOPOLOGY, ANNOTATION_PREFERRED_TOPOLOGY, ANNOTATION_UNCONSTRAINED_TOPOLOGY)
 """At most one of these on a pod template (Kueue's own rule); one of them marks a pod as placed by topology."""
 

@@ -27,7 +27,7 @@ def request(annotations: Mapping[str, str]) -> dict[str, Any] | None:
         found["required"] = required
     elif preferred:
         found["preferred"] = preferred
-    elif annotations.get(kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY, "") == "true":  # the CRD allows "true" or "false"
+    elif annotations.get(kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY, "") in kueue.TRUE_WORDS:  # the CRD allows booleans
         found["unconstrained"] = True
     slice_level = annotations.get(kueue.ANNOTATION_SLICE_REQUIRED_TOPOLOGY, "")
     slice_size = annotations.get(kueue.ANNOTATION_SLICE_SIZE, "")

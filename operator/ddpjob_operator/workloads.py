@@ -143,7 +143,9 @@ class Kueue:
     def jobs_assigned(self, node: str) -> set[Key]:
         """The jobs whose Workload's topology assignment names ``node``, as last seen. A job held because its
         assignment named a lost node (``lifecycle``) is woken when that node turns Ready again: it may then make its
-        pods there, before Kueue replaces the node (which wakes it through its Workload)."""
+        pods there, before Kueue replaces the node (which wakes it through its Workload). A namespace the watch has not
+        listed (its Workloads read by GET) has none here: its held jobs wait for the resync. Each call reads every
+        Workload known (a node's health changes seldom)."""
         with self._lock:
             known = list(self._workloads.values())
         return {key for w in known if node in _assigned_nodes(w) and (key := job_key(w)) is not None}

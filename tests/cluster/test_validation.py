@@ -113,6 +113,15 @@ INVALID: list[tuple[str, str, Any, str]] = [
     ("a slice size that is no number", "j",
      {"template": annotated({f"{KUEUE}podset-slice-required-topology": "rack", f"{KUEUE}podset-slice-size": "two"})},
      "spec.template.metadata.annotations['kueue.x-k8s.io/podset-slice-size']"),
+    ("a topology level that is no label name", "j",
+     {"template": annotated({f"{KUEUE}podset-required-topology": "rack level"})},
+     "spec.template.metadata.annotations['kueue.x-k8s.io/podset-required-topology'] must be a node label name"),
+    ("a topology level whose prefix is too long for a label", "j",
+     {"template": annotated({f"{KUEUE}podset-preferred-topology": "a" * 254 + "/rack"})},
+     "spec.template.metadata.annotations['kueue.x-k8s.io/podset-preferred-topology'] must be a node label name"),
+    ("a slice of more ranks than the job has", "j",
+     {"template": annotated({f"{KUEUE}podset-slice-required-topology": "rack", f"{KUEUE}podset-slice-size": "3"})},
+     "spec.template.metadata.annotations['kueue.x-k8s.io/podset-slice-size'] must be at most spec.replicas"),
 ]  # fmt: skip
 
 
@@ -140,6 +149,7 @@ def test_the_table_has_at_least_twenty_cases() -> None:
     [
         ("longest-for-ten-" + "a" * 45, {"replicas": 10}),  # 61 characters + "-9" = 63
         ("gpus", {"nprocPerNode": "auto", "template": trainer(resources={"limits": {"nvidia.com/gpu": 8}})}),
+        ("unconstrained-as-kueue-reads-it", {"template": annotated({f"{KUEUE}podset-unconstrained-topology": "True"})}),
         ("everything", {
             "replicas": 3, "nprocPerNode": 2, "port": 23456, "metricsPort": 9100, "waitForMasterSeconds": 0,
             "runPolicy": {"backoffLimit": 0, "restartPolicy": "ExitCode", "retryableExitCodes": [1, 3],

@@ -217,3 +217,11 @@ def test_pods_placed_by_topology_are_not_kept_off_excluded_nodes_kueues_assignme
     assert placed.keeps_off(("box-node-1",)) == ()
     plain = queueing.read(j.queue, admitted(j, None), {}, name=name).placement
     assert plain.keeps_off(("box-node-1",)) == ("box-node-1",)
+
+
+def test_unconstrained_is_read_as_kueue_reads_a_boolean() -> None:
+    """The CRD takes Go's ParseBool words, as Kueue does; each true one asks for an unconstrained placement."""
+    for word in ("true", "True", "1", "t"):
+        assert topology.request({kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY: word}) == {
+            "unconstrained": True, "podIndexLabel": LABEL_RANK}, word  # fmt: skip
+    assert topology.request({kueue.ANNOTATION_UNCONSTRAINED_TOPOLOGY: "False"}) is None
