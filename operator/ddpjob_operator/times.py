@@ -24,7 +24,7 @@ def from_unix(seconds: float | None) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC).replace(microsecond=0) if seconds else None
 
 
-def seconds_left(since: datetime | None, limit_seconds: int | None, now: datetime) -> float | None:
+def seconds_left(since: datetime | None, limit_seconds: float | None, now: datetime) -> float | None:
     """What is left of ``limit_seconds`` counted from ``since``: None without a limit or a start; <= 0 once up."""
     if limit_seconds is None or since is None:
         return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
+from ddpjob_operator import times
 from ddpjob_operator.status import JobStatus
 
 PACE_SECONDS = 2.0
@@ -44,4 +45,5 @@ def observed_only(old: JobStatus, new: JobStatus) -> bool:
 
 def wait(last_write: datetime | None, now: datetime) -> float:
     """Seconds until such a change may be written (0: now), from the job's last write."""
-    return 0.0 if last_write is None else max(0.0, PACE_SECONDS - (now - last_write).total_seconds())
+    left = times.seconds_left(last_write, PACE_SECONDS, now)
+    return 0.0 if left is None else max(0.0, left)

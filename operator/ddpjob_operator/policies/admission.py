@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from ddpjob_contract.status import ConditionType, Phase, Reason
+from ddpjob_operator import times
 from ddpjob_operator.actions import KUEUE_POLL_SECONDS, Plan, soonest
 from ddpjob_operator.policies import exit_grace
 from ddpjob_operator.queueing import Queueing, StatusApply, eviction_done, finished, pods_ready, reclaimable
@@ -108,15 +109,15 @@ def workload_writes(
     pods_left: int,
     all_ready: bool,
     succeeded: int,
-    exiting_for: float | None = None,
+    reclaim_left: float | None = None,
     outcome: str,
     now: datetime,
 ) -> tuple[StatusApply, ...]:
     """What the operator writes to the Workload's status after this reconcile.
 
     ``pods_left``: the job's pods, terminating ones included; ``all_ready``: every rank of the attempt runs or has
-    exited 0; ``succeeded``: ranks that exited 0, ``exiting_for`` seconds ago the first of them (``RECLAIM_AFTER_
-    SECONDS``); ``outcome``: the finished job's message.
+    exited 0; ``succeeded``: ranks that exited 0; ``reclaim_left``: what is left of ``RECLAIM_AFTER_SECONDS`` since the
+    first of them (None: none has); ``outcome``: the finished job's message.
     """
     if not (q.queued and q.served and q.exists) or q.finished:
         return ()
@@ -129,18 +130,19 @@ def workload_writes(
         ready = pods_ready(q, all_ready, now)
         if ready is not None:
             writes.append(ready)
-        if reclaim_in(q, phase, succeeded, exiting_for) == 0.0:
+        if reclaim_in(q, phase, succeeded, reclaim_left) == 0.0:
             writes.append(reclaimable(q, succeeded))
     return tuple(writes)
 
 
-def reclaim_in(q: Queueing, phase: Phase, succeeded: int, exiting_for: float | None) -> float | None:
-    """Seconds until the ranks that exited 0 are counted in reclaimablePods (0: now; ``RECLAIM_AFTER_SECONDS``);
-    None when there is nothing to count or no Workload to count it in (not admitted, evicted, finished)."""
+def reclaim_in(q: Queueing, phase: Phase, succeeded: int, left: float | None) -> float | None:
+    """Seconds until the ranks that exited 0 are counted in reclaimablePods (0: now), from ``left`` of
+    ``RECLAIM_AFTER_SECONDS``; None when there is nothing to count or no Workload to count it in (not admitted,
+    evicted, finished)."""
     may = q.queued and q.served and q.exists and not q.finished and q.may_run() and not phase.finished
-    if not may or phase is Phase.QUEUED or exiting_for is None or succeeded <= q.reclaimable:
+    if not may or phase is Phase.QUEUED or left is None or succeeded <= q.reclaimable:
         return None
-    return max(0.0, RECLAIM_AFTER_SECONDS - exiting_for)
+    return max(0.0, left)
 
 
 def create_workload(q: Queueing, phase: Phase) -> bool:
@@ -181,11 +183,11 @@ def kueue_writes(q: Queueing, the_plan: Plan, pods: Sequence[PodView], now: date
     left = len(pods)  # those this plan deletes included: they are gone only once kubelet has stopped them
     ready = status.replicas > 0 and status.running + status.succeeded == status.replicas  # Kueue: ready or succeeded
     first = exit_grace.first_exit(p for p in pods if p.attempt == status.attempt)  # not an old attempt's exit
-    exiting_for = (now - first).total_seconds() if first is not None else None
+    reclaim_left = times.seconds_left(first, RECLAIM_AFTER_SECONDS, now)
     writes = workload_writes(q, status.phase, pods_left=left, all_ready=ready, succeeded=status.succeeded,
-                             exiting_for=exiting_for, outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
+                             reclaim_left=reclaim_left, outcome=outcome[0] if outcome else "", now=now)  # fmt: skip
     settled = status.phase.finished and not (q.exists and (not q.finished or q.finalizer))
-    reclaim = reclaim_in(q, status.phase, status.succeeded, exiting_for)  # once written, Kueue's echo wakes the job
+    reclaim = reclaim_in(q, status.phase, status.succeeded, reclaim_left)  # once written, Kueue's echo wakes the job
     return {
         "create_workload": create_workload(q, status.phase),
         "workload_status": writes,
