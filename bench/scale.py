@@ -269,13 +269,14 @@ def run_once(box: Any, client: Api, side: Side, index: int, args: argparse.Names
         op.stop()
     full = requests_by(plane.audit_log, full_from, full_until, side.agents)
     every = requests_by(plane.audit_log, since, time.time(), side.agents)
+
     # Admitted -> pods of the jobs admitted once (an evicted job's pods and its second admission do not pair)
-    to_pods = [pods.jobs[(ns, n)].done - workloads.jobs[n].admitted for n in names
-               if (ns, n) in pods.jobs and pods.jobs[(ns, n)].done and n in workloads.jobs
-               and workloads.jobs[n].admitted and not workloads.jobs[n].evictions]  # fmt: skip
-    to_first = [pods.jobs[(ns, n)].first - workloads.jobs[n].admitted for n in names
-                if (ns, n) in pods.jobs and pods.jobs[(ns, n)].first and n in workloads.jobs
+    def since_admitted(pod_time: Callable[[operator_scale.JobTimes], float]) -> list[float]:
+        return [pod_time(pods.jobs[(ns, n)]) - workloads.jobs[n].admitted for n in names
+                if (ns, n) in pods.jobs and pod_time(pods.jobs[(ns, n)]) and n in workloads.jobs
                 and workloads.jobs[n].admitted and not workloads.jobs[n].evictions]  # fmt: skip
+
+    to_pods, to_first = since_admitted(lambda t: t.done), since_admitted(lambda t: t.first)
     evictions = sum(t.evictions for t in workloads.jobs.values())
     result = {
         "side": side.name,

@@ -83,13 +83,10 @@ def _stat(pid: int) -> tuple[str, int]:
 def _family(pid: int) -> str:
     """'pid 12 T (python ...); parent 9 S (...); siblings [13 S]': the stopped process among its parent's children,
     each with its state (T: stopped), so that a record shows whether the training process itself hung."""
+    from ddpjob_box.processes import children
+
     state, parent = _stat(pid)
-    try:
-        with open(f"/proc/{parent}/task/{parent}/children") as f:
-            siblings = [int(p) for p in f.read().split() if int(p) != pid]
-    except (OSError, ValueError):
-        siblings = []
-    others = ", ".join(f"{p} {_stat(p)[0]}" for p in siblings)
+    others = ", ".join(f"{p} {_stat(p)[0]}" for p in sorted(children(parent) - {pid}))
     return (f"pid {pid} {state} ({_command(pid)}); parent {parent} {_stat(parent)[0]} ({_command(parent)}); "
             f"siblings [{others}]")  # fmt: skip
 
