@@ -129,6 +129,8 @@ class Component:
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         """How many times a Supervisor started it again after it exited on its own."""
+        self.backoffs: list[float] = []
+        """The wait, in seconds, chosen after each exit on its own, in order."""
         self._wanted = False
         self._lock = threading.Lock()
         self._started_at = 0.0
@@ -160,7 +162,9 @@ class Component:
                 self._ran = now - self._started_at
                 if self._ran >= STEADY_SECONDS:
                     self._streak = 0
-                self._retry_at = now + min(2.0**self._streak, BACKOFF_MAX)
+                backoff = min(2.0**self._streak, BACKOFF_MAX)
+                self.backoffs.append(backoff)
+                self._retry_at = now + backoff
                 return None
             if now < self._retry_at:
                 return None

@@ -77,8 +77,9 @@ def test_a_component_stopped_on_purpose_stays_stopped(tmp_path: Path) -> None:
 def test_a_component_that_keeps_exiting_waits_longer_each_time(tmp_path: Path) -> None:
     component = python("crasher", "raise SystemExit(1)", tmp_path)
     with supervised(component) as said:
-        time.sleep(4.5)  # backoffs of 1 and 2 s: two restarts, the third waits 4 s
-    assert component.restarts == 2, said
+        until("the third exit's wait", lambda: len(component.backoffs) >= 3)
+    assert component.backoffs[:3] == [1.0, 2.0, 4.0], said
+    assert component.restarts == 2, "the third wait (4 s) had not passed when the test stopped"
 
 
 def test_a_component_that_exits_after_a_klog_error_is_said_with_that_error(tmp_path: Path) -> None:
