@@ -121,28 +121,11 @@ def _plan(
     if status.attempt != view.status.attempt or job.spec.replicas != view.job.spec.replicas:
         obs = _observe(job, status, pods)  # a new attempt: its pods, none yet
     the_plan = _plan_for(job, status, obs, now, events, placement is Placement.GANG)
-    the_plan = replace(the_plan, status=_spanned(job, the_plan.status, nodes))
+    spans = topology.spanned(job.spec.template, the_plan.status.nodes, nodes.labels) or the_plan.status.spans
+    the_plan = replace(the_plan, status=replace(the_plan.status, spans=spans))  # kept once the pods go
     if not queued.may_run():
         return the_plan
-    return _awaiting_replacement(replace(the_plan, placement=queued.placement), nodes)
-
-
-def _awaiting_replacement(the_plan: Plan, nodes: NodeHealth) -> Plan:
-    """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost: Kueue
-    replaces it (or evicts the job) first, and writes the Workload, which wakes the job. A pod made sooner could be
-    ungated onto the lost node, never bound, and failed by Kueue. (Not for a sick node that stays Ready: Kueue
-    replaces one only for a taint the pods do not tolerate, so a wait could last as long as the taint.)"""
-    bad = [n for n in the_plan.placement.assigned_nodes if n in nodes.lost]
-    if not bad or not the_plan.create_ranks:
-        return the_plan
-    return replace(the_plan, create_ranks=(), create_pod_group=False, create_service=False)
-
-
-def _spanned(job: Job, status: JobStatus, nodes: NodeHealth) -> JobStatus:
-    """Under a topology request: the domains of its level that the ranks' nodes are in (kept once the pods go)."""
-    level = topology.level((job.spec.template.get("metadata") or {}).get("annotations") or {})
-    found = topology.spans(level, status.nodes, nodes.labels) if level else ""
-    return replace(status, spans=found) if found else status
+    return node_loss.awaiting_replacement(replace(the_plan, placement=queued.placement), nodes)
 
 
 def as_admitted(job: Job, status: JobStatus) -> Job:

@@ -103,6 +103,12 @@ def level(annotations: Mapping[str, str]) -> str:
     return ""
 
 
+def spanned(template: Mapping[str, Any], nodes: Sequence[str], labels: Mapping[str, Mapping[str, str]]) -> str:
+    """``spans`` at the level the pod ``template``'s topology annotations name; empty without a topology request."""
+    found = level((template.get("metadata") or {}).get("annotations") or {})
+    return spans(found, nodes, labels) if found else ""
+
+
 def spans(level_label: str, nodes: Sequence[str], labels: Mapping[str, Mapping[str, str]]) -> str:
     """What ``kubectl get ddpj -o wide`` shows of a placement by topology: the values of the job's level on its ranks'
     nodes, in rank order, as ``rack-0,rack-1`` (Kueue's assignment names only the nodes when the Topology's last level

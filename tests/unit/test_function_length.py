@@ -28,3 +28,8 @@ def test_the_count_sees_the_operators_functions() -> None:
 def test_no_operator_function_is_over_50_lines() -> None:
     long = [f"{where}: {n} lines" for where, n in lengths() if n > MAX_LINES]
     assert not long, f"over {MAX_LINES} lines, to be split along their seams: " + "; ".join(long)
+
+
+def test_the_plan_keeps_to_250_lines_its_rules_living_in_policies() -> None:
+    lines = len((OPERATOR / "lifecycle.py").read_text().splitlines())
+    assert lines <= 250, f"lifecycle.py is {lines} lines: move a rule or a plan adjustment into policies/"

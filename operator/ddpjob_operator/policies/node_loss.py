@@ -23,7 +23,7 @@ gone from the apiserver and kills its containers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -168,3 +168,14 @@ def leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: NodeHealth) 
         "force_delete_pods": forced,
         "avoid_nodes": the_plan.status.excluded_names,
     }
+
+
+def awaiting_replacement(the_plan: Plan, nodes: NodeHealth) -> Plan:
+    """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost: Kueue
+    replaces it (or evicts the job) first, and writes the Workload, which wakes the job. A pod made sooner could be
+    ungated onto the lost node, never bound, and failed by Kueue. (Not for a sick node that stays Ready: Kueue
+    replaces one only for a taint the pods do not tolerate, so a wait could last as long as the taint.)"""
+    bad = [n for n in the_plan.placement.assigned_nodes if n in nodes.lost]
+    if not bad or not the_plan.create_ranks:
+        return the_plan
+    return replace(the_plan, create_ranks=(), create_pod_group=False, create_service=False)
