@@ -125,7 +125,8 @@ def _plan(
     the_plan = replace(the_plan, status=replace(the_plan.status, spans=spans))  # kept once the pods go
     if not queued.may_run():
         return the_plan
-    return node_loss.awaiting_replacement(replace(the_plan, placement=queued.placement), nodes)
+    tolerations = (job.spec.template.get("spec") or {}).get("tolerations") or ()
+    return node_loss.awaiting_replacement(replace(the_plan, placement=queued.placement), nodes, tolerations)
 
 
 def as_admitted(job: Job, status: JobStatus) -> Job:

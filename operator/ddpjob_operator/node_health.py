@@ -15,6 +15,9 @@ class NodeHealth:
 
     lost: Mapping[str, str] = field(default_factory=dict)
     sick: Mapping[str, str] = field(default_factory=dict)
+    repelling: Mapping[str, tuple[Mapping[str, str], ...]] = field(default_factory=dict)
+    """Each sick node's unhealthy taints that keep pods off it (``NoSchedule`` or ``NoExecute``): Kueue's topology
+    assignment replaces such a node unless the pods tolerate the taint."""
     exclusion_seconds: float = EXCLUSION_SECONDS
     labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Each node's labels (its place in racks and blocks, for ``status.placement.spans``)."""

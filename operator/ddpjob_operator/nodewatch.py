@@ -48,6 +48,8 @@ class NodeWatch(ListWatch):
         self._exclusion = exclusion_seconds
         self._verdicts: dict[str, tuple[str, str]] = {}
         """Each known node's (why lost, why sick); a node deleted is lost until its name is seen again."""
+        self._repelling: dict[str, tuple[Mapping[str, str], ...]] = {}
+        """Each sick node's taints that keep pods off it."""
         self._health = NodeHealth(exclusion_seconds=exclusion_seconds)
         self._labels: dict[str, Mapping[str, str]] = {}
         """Each node's labels, copied anew when one changes (read without the lock)."""
@@ -74,18 +76,22 @@ class NodeWatch(ListWatch):
 
     def _take(self, name: str, node: Mapping[str, Any] | None) -> None:
         verdict = node_loss.read(node, self._taints)
+        repels = node_loss.repelling(node, self._taints) if verdict[1] else ()
         labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
         with self._lock:
             if node is None and name in self._labels:
                 self._labels = {n: v for n, v in self._labels.items() if n != name}
             elif node is not None and self._labels.get(name) != labels:
                 self._labels = {**self._labels, name: labels}
-            if self._verdicts.get(name, ("", "")) == verdict and name in self._verdicts:
+            if self._verdicts.get(name, ("", "")) == verdict and name in self._verdicts and (
+                    self._repelling.get(name, ()) == repels):  # fmt: skip
                 return
             self._verdicts[name] = verdict
+            self._repelling = {n: t for n, t in {**self._repelling, name: repels}.items() if t}
             self._health = NodeHealth(
                 lost={n: v[0] for n, v in self._verdicts.items() if v[0]},
                 sick={n: v[1] for n, v in self._verdicts.items() if v[1] and not v[0]},
+                repelling=self._repelling,
                 exclusion_seconds=self._exclusion,
             )
         self._changed(name)

@@ -5,7 +5,7 @@ rack-1) and applies Kueue's Topology and the ResourceFlavor that names it; tests
 ClusterQueue an admin would add. Each rank here asks for all 8 example.com/slot of a node, so a rack holds 2 ranks
 (but in the power cut's job: 4 each, in rack-1, away from box-node, which runs Kueue's manager).
 Nothing Kueue owns is mocked: Kueue assigns the domains, its ungater removes each pod's gate, and it replaces the
-node a power cut takes.
+node a power cut takes or a health checker taints.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ QUEUES = Path(__file__).with_name("topology-queues.yaml")
 LOCAL_QUEUE = "topology-queue"
 CLUSTER_QUEUE = "topology-cluster-queue"
 RACK = LABEL_PREFIX + "rack"
+UNHEALTHY = "ddpjob.dev/unhealthy"
+"""A taint the operator honours by default (``policies.node_loss.UNHEALTHY_TAINTS``), as a GPU health checker sets."""
 STEPS = 200
 """The power cut's job: a checkpoint every 20 steps, so one is there before the cut."""
 
@@ -133,12 +135,16 @@ def test_ring_neighbours_share_a_rack_ranks_0_1_in_one_and_2_3_in_the_other(
     cluster.wait_phase("tas-ring", "Running", 300)
 
 
-def test_a_power_cut_under_a_placed_rank_is_replaced_by_kueue_in_the_same_rack_and_the_job_resumes_once(
-    cluster: Cluster, racks: dict[str, str], kueue_cluster: KueueCluster
+@pytest.mark.parametrize("fault", ["power", "taint"])
+def test_a_node_lost_or_tainted_under_a_placed_rank_is_replaced_by_kueue_in_the_same_rack_and_the_job_resumes_once(
+    cluster: Cluster, racks: dict[str, str], kueue_cluster: KueueCluster, fault: str
 ) -> None:
-    claim = shared_claim("tas-ckpt")
+    """A power cut (the node goes NotReady), or a health checker's taint on a node that stays Ready (Kueue's
+    TASReplaceNodeOnNodeTaints replaces a node whose taint the pods do not tolerate)."""
+    job, claim_name = f"tas-{fault}", f"tas-{fault}-ckpt"
+    claim = shared_claim(claim_name)
     cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", **claim})
-    body = job_body("tas-cut", "tas-ckpt", steps=STEPS)
+    body = job_body(job, claim_name, steps=STEPS)
     spec = body["spec"]["template"]["spec"]
     del spec["affinity"]  # Kueue's assignment places the ranks, not a spread of our own
     spec["nodeSelector"] = {RACK: "rack-1"}  # Kueue's topology assignment honours it: never box-node's rack
@@ -146,21 +152,26 @@ def test_a_power_cut_under_a_placed_rank_is_replaced_by_kueue_in_the_same_rack_a
     body["metadata"]["labels"] = {LABEL_QUEUE_NAME: LOCAL_QUEUE}
     body["spec"]["template"]["metadata"] = {"annotations": {ANNOTATION_REQUIRED_TOPOLOGY: RACK}}
     cluster.create(body)
-    before = placed(cluster, "tas-cut", 2)
-    wait_for("a checkpoint", lambda: (cluster.status("tas-cut").get("lastCheckpoint") or {}).get("step"), 300)
+    before = placed(cluster, job, 2)
+    wait_for("a checkpoint", lambda: (cluster.status(job).get("lastCheckpoint") or {}).get("step"), 300)
     rack = racks[before[1]]
     assert racks[before[0]] == rack, before
     cut = kueue_cluster.box.node_named(before[1])
-    cut.power_cut()
+    reason = {"power": "NodeLost", "taint": "NodeUnhealthy"}[fault]
+    if fault == "power":
+        cut.power_cut()
+    else:
+        kueue_cluster.kubectl("taint", "node", cut.name, f"{UNHEALTHY}=gpu:NoSchedule")
     try:
-        final = wait_for("the job to end", lambda: (s := cluster.status("tas-cut")).get("phase") in (
+        final = wait_for("the job to end", lambda: (s := cluster.status(job)).get("phase") in (
             "Succeeded", "Failed") and s, 600)  # fmt: skip
-        assert final["phase"] == "Succeeded", cluster.explain("tas-cut")
+        assert final["phase"] == "Succeeded", cluster.explain(job)
         assert final["restarts"] == 1 and final["progress"]["step"] == STEPS, final
+        assert [e["reason"] for e in final.get("excludedNodes") or [] if e["name"] == cut.name] == [reason], final
         said = "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}"
-        events = cluster.run("get", "events", "-n", cluster.ns, "--field-selector", "involvedObject.name=tas-cut",
+        events = cluster.run("get", "events", "-n", cluster.ns, "--field-selector", f"involvedObject.name={job}",
                              "-o", said).stdout  # fmt: skip
-        assert [line for line in events.splitlines() if line.startswith("NodeLost") and cut.name in line], events
+        assert [line for line in events.splitlines() if line.startswith(reason) and cut.name in line], events
         assert not [line for line in events.splitlines() if line.startswith("EvictedByKueue")], "replaced, not evicted"
         print(f"--- the job's Events:\n{events}")
         after = final["placement"]["nodes"]
@@ -168,9 +179,12 @@ def test_a_power_cut_under_a_placed_rank_is_replaced_by_kueue_in_the_same_rack_a
         (workload,) = cluster.get(WORKLOADS)["items"]
         named = json.dumps(workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"])
         assert cut.name not in named, f"Kueue replaced {cut.name} in its assignment: {named}"
-        resumed = [line for rank in range(2) for line in cluster.log(f"tas-cut-{rank}").splitlines()]
+        resumed = [line for rank in range(2) for line in cluster.log(f"{job}-{rank}").splitlines()]
         assert any("resumed from step" in line for line in resumed), resumed[-20:]
     finally:
-        cut.power_on()
+        if fault == "power":
+            cut.power_on()
+        else:
+            kueue_cluster.kubectl("taint", "node", cut.name, f"{UNHEALTHY}-")
     wait_for(f"no pod of the job on {cut.name}", lambda: not [
-        p for p in cluster.pods("tas-cut") if p["spec"].get("nodeName") == cut.name], 120)  # fmt: skip
+        p for p in cluster.pods(job) if p["spec"].get("nodeName") == cut.name], 120)  # fmt: skip

@@ -179,6 +179,46 @@ def test_the_node_watch_says_which_nodes_are_bad_and_wakes_only_on_a_change() ->
     assert watch.health().lost == {"b": "the node was deleted"} and watch.health().sick == {}
 
 
+def test_the_node_watch_keeps_a_sick_nodes_taints_that_repel_pods_and_wakes_when_they_change() -> None:
+    source = Nodes()
+    changed: list[str] = []
+    watch = NodeWatch(source, changed.append, unhealthy_taints=("example.com/bad",))
+    watch._list("")
+    changed.clear()
+    prefers = node("a")
+    prefers["spec"]["taints"] = [{"key": "example.com/bad", "value": "gpu", "effect": "PreferNoSchedule"}]
+    watch._event("", "MODIFIED", prefers)
+    assert set(watch.health().sick) == {"a"} and watch.health().repelling == {}, "it only prefers no pods"
+    repels = node("a")
+    repels["spec"]["taints"] = [{"key": "example.com/bad", "value": "gpu", "effect": "NoExecute"},
+                                {"key": "example.com/other", "effect": "NoSchedule"}]  # fmt: skip
+    watch._event("", "MODIFIED", repels)
+    assert watch.health().repelling == {"a": ({"key": "example.com/bad", "value": "gpu", "effect": "NoExecute"},)}
+    assert changed == ["a", "a"], "the same verdict, other taints: the jobs on it look again"
+    watch._event("", "MODIFIED", node("a"))
+    assert watch.health().repelling == {} and watch.health().sick == {}
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerates"),
+    [
+        ({"key": "k", "operator": "Exists"}, True),
+        ({"operator": "Exists"}, True),
+        ({"key": "k", "value": "v"}, True),
+        ({"key": "k", "operator": "Equal", "value": "w"}, False),
+        ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, False),
+        ({"key": "k", "operator": "Exists", "effect": "NoSchedule"}, True),
+        ({"key": "k", "operator": "Exists", "tolerationSeconds": 60}, False),
+        ({"key": "other", "operator": "Exists"}, False),
+    ],
+)
+def test_a_taint_is_tolerated_for_good_as_kubernetes_matches_a_toleration(
+    toleration: dict[str, Any], tolerates: bool
+) -> None:
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert node_loss.tolerated(taint, [toleration]) is tolerates
+
+
 def test_the_node_watch_keeps_each_nodes_labels_for_the_racks_a_job_spans_without_waking_a_job() -> None:
     source = Nodes()
     changed: list[str] = []

@@ -200,6 +200,31 @@ def test_no_pod_is_made_while_kueues_assignment_still_names_a_lost_node_until_ku
     assert made.create_ranks == (0, 1), "Kueue put the lost node's rank on the rack's other node"
 
 
+def test_no_pod_is_made_while_the_assignment_names_a_sick_node_whose_taint_the_pods_do_not_tolerate() -> None:
+    """Kueue replaces a Ready node whose NoSchedule or NoExecute taint the pods do not tolerate; one they tolerate, or
+    a PreferNoSchedule taint, it keeps, and a wait for it would last as long as the taint."""
+    taint = {"key": "ddpjob.dev/unhealthy", "value": "gpu", "effect": "NoSchedule"}
+    sick = NodeHealth(sick={"box-node-2": "the node carries the taint ddpjob.dev/unhealthy=gpu"},
+                      repelling={"box-node-2": (taint,)})  # fmt: skip
+    old_assignment = assignment(("rack-1", "box-node-2", 1), ("rack-1", "box-node-3", 1))
+    for tolerations, held in (([], True), ([{"key": "ddpjob.dev/unhealthy", "operator": "Exists"}], False)):
+        j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+        j = replace(j, spec=replace(j.spec, template={**j.spec.template, "spec": {
+            **j.spec.template["spec"], "tolerations": tolerations}}))  # fmt: skip
+        name = queueing.workload_name(j.name, j.uid)
+        queued = run(j, JobStatus(), [], None).status
+        made = plan(j, queued, [], T0, queued=queueing.read(j.queue, admitted(j, old_assignment), {}, name=name),
+                    nodes=sick)  # fmt: skip
+        assert made.create_ranks == (() if held else (0, 1)), tolerations
+    prefers = NodeHealth(sick=sick.sick)  # its taint only prefers no pods: not repelling
+    j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
+    name = queueing.workload_name(j.name, j.uid)
+    queued = run(j, JobStatus(), [], None).status
+    made = plan(j, queued, [], T0, queued=queueing.read(j.queue, admitted(j, old_assignment), {}, name=name),
+                nodes=prefers)  # fmt: skip
+    assert made.create_ranks == (0, 1)
+
+
 def test_a_pod_kueue_failed_on_its_assigned_node_is_a_disruption_not_the_ranks_failure() -> None:
     failed = {
         "metadata": {"name": "train-1"},

@@ -170,12 +170,43 @@ def leave_bad_nodes(the_plan: Plan, pods: Sequence[PodView], nodes: NodeHealth) 
     }
 
 
-def awaiting_replacement(the_plan: Plan, nodes: NodeHealth) -> Plan:
-    """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost: Kueue
-    replaces it (or evicts the job) first, and writes the Workload, which wakes the job. A pod made sooner could be
-    ungated onto the lost node, never bound, and failed by Kueue. (Not for a sick node that stays Ready: Kueue
-    replaces one only for a taint the pods do not tolerate, so a wait could last as long as the taint.)"""
-    bad = [n for n in the_plan.placement.assigned_nodes if n in nodes.lost]
+REPELLING_EFFECTS = ("NoSchedule", "NoExecute")
+"""The taint effects for which Kueue (v0.17, ``TASReplaceNodeOnNodeTaints``) replaces a Ready node in a topology
+assignment, as its node controller's ``classifyTaints`` reads them."""
+
+
+def repelling(node: Mapping[str, Any] | None, unhealthy_taints: Iterable[str] = UNHEALTHY_TAINTS) -> tuple[
+        Mapping[str, str], ...]:  # fmt: skip
+    """The node's unhealthy taints that keep pods off it (key, value, effect)."""
+    taints = [t for t in ((node or {}).get("spec") or {}).get("taints") or [] if isinstance(t, Mapping)]
+    keys = set(unhealthy_taints)
+    return tuple({"key": str(t.get("key")), "value": str(t.get("value") or ""), "effect": str(t.get("effect"))}
+                 for t in taints if t.get("key") in keys and t.get("effect") in REPELLING_EFFECTS)  # fmt: skip
+
+
+def tolerated(taint: Mapping[str, str], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a toleration with no ``tolerationSeconds`` matches ``taint``, as Kubernetes matches one (Kueue keeps
+    a node whose taint the pods tolerate for good; a toleration for a while does not keep it)."""
+    for t in tolerations:
+        if t.get("tolerationSeconds") is not None or (t.get("effect") or taint["effect"]) != taint["effect"]:
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint["key"]:
+                return True
+        elif t.get("key") == taint["key"] and str(t.get("value") or "") == taint["value"]:
+            return True
+    return False
+
+
+def awaiting_replacement(the_plan: Plan, nodes: NodeHealth, tolerations: Iterable[Mapping[str, Any]] = ()) -> Plan:
+    """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost, or a sick
+    one whose taint the pods (``tolerations``: the template's) do not tolerate: Kueue replaces it (or evicts the
+    job) first, and writes the Workload, which wakes the job. A pod made sooner could be ungated onto that node,
+    never bound, and failed by Kueue: a second restart. (A sick node whose taint the pods tolerate, or that only
+    prefers no pods, Kueue keeps: waiting for it could last as long as the taint.)"""
+    kept = tuple(tolerations)
+    sick = {n for n, taints in nodes.repelling.items() if any(not tolerated(t, kept) for t in taints)}
+    bad = [n for n in the_plan.placement.assigned_nodes if n in nodes.lost or n in sick]
     if not bad or not the_plan.create_ranks:
         return the_plan
     return replace(the_plan, create_ranks=(), create_pod_group=False, create_service=False)
