@@ -93,15 +93,24 @@ def apply_crd(client: Api) -> None:
 
 
 @contextmanager
-def control_plane_with_crd(*, audit_requests: bool = False) -> Iterator[tuple[ControlPlane, Api]]:
+def control_plane_with_crd(
+    *, audit_requests: bool = False, simulated_nodes: int = 0
+) -> Iterator[tuple[ControlPlane, Api]]:
     """The box's control plane alone (no node, no Prometheus) in a temporary directory, the DDPJob CRD applied;
     yields the plane and an admin client of its apiserver. ``audit_requests``: its audit log records every
-    request of the clients outside the control plane (``ddpjob_box.audit``)."""
+    request of the clients outside the control plane (``ddpjob_box.audit``); ``simulated_nodes``: KWOK nodes that
+    run the pods put on them (``ddpjob_box.kwok``)."""
     from ddpjob_box.box import Box
 
     with (
         tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp,
-        Box(data_dir=Path(tmp) / "box", with_node=False, with_prometheus=False, audit_requests=audit_requests) as box,
+        Box(
+            data_dir=Path(tmp) / "box",
+            with_node=False,
+            with_prometheus=False,
+            audit_requests=audit_requests,
+            simulated_nodes=simulated_nodes,
+        ) as box,
     ):
         assert box.plane is not None
         client = Api(box.plane.server, box.plane.admin_token, str(box.plane.ca_file))

@@ -16,6 +16,12 @@ over; the old leader must send no write after its renew deadline, not even the o
 audit log (every request, with its User-Agent, ``ddpjob-operator/<identity>``) says which writes it received from
 the old leader and when. It must then exit, to come back as a standby.
 
+Then ``--burst`` jobs (on KWOK's simulated nodes, which run each pod for ``--burst-seconds``): half created, the
+leader SIGKILLed at once with their reconciles under way, the other half created. Every job must Succeed with no
+restart; from the audit log: when the standby took the Lease and sent its first other write after the kill, any
+write it sent before it took the Lease, and any pod the two replicas both created or created twice (a second live
+pod for one rank).
+
 Then the standby's cost: ``--jobs`` DDPJobs created and given their pods by the leader; the standby's CPU over
 ``--window`` seconds and its RSS, beside the leader's.
 """
@@ -34,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import many_jobs
 from bench.apiserver import Api, ApiError
 from bench.common import log, machine, percentile, table, write_results
 from bench.operator_scale import (
@@ -91,6 +98,24 @@ class Hang:
 
 
 @dataclass
+class Burst:
+    jobs: int
+    took_over_s: float
+    """From the kill to the new leader's first write other than its Lease."""
+    acquired_s: float
+    """From the kill to its write that took the Lease."""
+    succeeded: int
+    restarted: list[str]
+    """Jobs whose status counts a restart (the target: none)."""
+    standby_writes: list[str]
+    """Writes the standby sent before it led, its Lease's aside (the target: none)."""
+    pods_by_both: list[str]
+    """Jobs whose pods both replicas created (each rank's pod is created once, by whoever leads)."""
+    created_twice: list[str]
+    """Pods created more than once (the target: none)."""
+
+
+@dataclass
 class Figures:
     hangs: list[Hang]
     takeovers_s: list[float]
@@ -100,6 +125,7 @@ class Figures:
     standby_cpu_share: float
     leader_rss_mib: float
     standby_rss_mib: float
+    bursts: list[Burst]
 
 
 def holder(client: Api) -> str:
@@ -149,15 +175,8 @@ WRITES = ("create", "update", "patch", "delete", "deletecollection")
 def writes_after(log: Path, agent: str, since: float) -> list[str]:
     """The writes the apiserver received from ``agent`` at or after ``since`` (seconds since the epoch): when, the
     verb, the object and the answer's code."""
-    found = []
-    for event, when in audit.received(log, since):
-        if event.get("userAgent") == agent and event.get("verb") in WRITES:
-            ref = event.get("objectRef") or {}
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            what = f"{ref.get('resource')}{sub}/{ref.get('name')}"
-            code = (event.get("responseStatus") or {}).get("code")
-            found.append(f"+{when - since:.2f}s {event.get('verb')} {what} -> {code}")
-    return found
+    return [_said(event, when, since) for event, when in audit.received(log, since)
+            if event.get("userAgent") == agent and event.get("verb") in WRITES]  # fmt: skip
 
 
 def hang(client: Api, plane: Any, kubeconfig: Path, logs: Path, replicas: dict[str, Replica], n: int) -> Hang:
@@ -191,6 +210,93 @@ def hang(client: Api, plane: Any, kubeconfig: Path, logs: Path, replicas: dict[s
     leader.process.stop()
     replace(replicas, leader, Replica(kubeconfig, logs, f"replica-h{n}"))
     return Hang(round(frozen, 2), round(took, 2), late, refused, exited)
+
+
+def burst(client: Api, plane: Any, logs: Path, replicas: dict[str, Replica], jobs: int, seconds: int, n: int) -> Burst:
+    """Half the jobs created, the leader SIGKILLed with their reconciles under way, the other half created; every
+    job waited for to the end, then the audit log read."""
+    leader = settled_leader(client, replicas)
+    (standby,) = [r for r in replicas.values() if r is not leader]
+    names = [f"burst{n}-{i:03d}" for i in range(jobs)]
+    body = many_jobs.job_body(2, seconds)
+    watch = PodWatch(client, 2)
+    began = time.time()
+    try:
+        errors = create_jobs(client, watch, NAMESPACE, names[: jobs // 2], 2, rate=0, threads=4, body=body)
+        killed = time.time()
+        leader.process.proc.send_signal(signal.SIGKILL)
+        leader.process.proc.wait()
+        errors += create_jobs(client, watch, NAMESPACE, names[jobs // 2 :], 2, rate=0, threads=4, body=body)
+    finally:
+        watch.close()
+    if errors:
+        raise RuntimeError(f"{len(errors)} creates failed, first: {errors[0]}")
+    statuses = wait_finished(client, names, timeout=600)
+    replace(replicas, leader, Replica(plane.kubeconfig, logs, f"replica-b{n}"))
+    time.sleep(2.0)  # the audit log is written as each request completes
+    events = list(audit.received(plane.audit_log, began))
+    return read_burst(events, leader.identity, standby.identity, killed, statuses)
+
+
+def read_burst(
+    events: Sequence[tuple[dict[str, Any], float]],
+    leader: str,
+    standby: str,
+    killed: float,
+    statuses: dict[str, dict[str, Any]],
+) -> Burst:
+    """A burst's figures from the audit log's events since it began (each with the time the apiserver received it),
+    the identities of the killed leader and the standby, the kill's time and each job's final status."""
+    agent = {f"ddpjob-operator/{who}": who for who in (leader, standby)}
+    ours = [(e, when) for e, when in events if e.get("stage") == "ResponseComplete"
+            and e.get("userAgent") in agent and e.get("verb") in WRITES]  # fmt: skip
+    leases = [(e, when) for e, when in ours if (e.get("objectRef") or {}).get("resource") == "leases"]
+    writes = [(e, when) for e, when in ours if (e.get("objectRef") or {}).get("resource") != "leases"]
+    by_standby = [(e, when) for e, when in writes if agent[e["userAgent"]] == standby]
+    acquired = min((when for e, when in leases if agent[e["userAgent"]] == standby and when >= killed
+                    and _code(e) in (200, 201)), default=float("nan"))  # fmt: skip
+    first = min((when for _, when in by_standby if when >= killed), default=float("nan"))
+    creators: dict[str, list[str]] = {}
+    for e, _ in writes:
+        ref = e.get("objectRef") or {}
+        if e.get("verb") == "create" and ref.get("resource") == "pods" and _code(e) == 201:
+            creators.setdefault(str(ref.get("name")), []).append(agent[e["userAgent"]])
+    by_job: dict[str, set[str]] = {}
+    for pod, who in creators.items():
+        by_job.setdefault(pod.rsplit("-", 1)[0], set()).update(who)  # <job>-<rank>
+    return Burst(
+        jobs=len(statuses),
+        took_over_s=round(first - killed, 2),
+        acquired_s=round(acquired - killed, 2),
+        succeeded=sum(1 for s in statuses.values() if s.get("phase") == "Succeeded"),
+        restarted=sorted(name for name, s in statuses.items() if s.get("restarts")),
+        standby_writes=[_said(e, when, killed) for e, when in by_standby if not when >= acquired],
+        pods_by_both=sorted(job for job, who in by_job.items() if len(who) > 1),
+        created_twice=sorted(p for p, who in creators.items() if len(who) > 1),
+    )
+
+
+def _code(event: dict[str, Any]) -> int:
+    return int((event.get("responseStatus") or {}).get("code") or 0)
+
+
+def _said(event: dict[str, Any], when: float, since: float) -> str:
+    ref = event.get("objectRef") or {}
+    sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+    return f"{when - since:+.2f}s {event.get('verb')} {ref.get('resource')}{sub}/{ref.get('name')} -> {_code(event)}"
+
+
+def wait_finished(client: Api, names: Sequence[str], timeout: float) -> dict[str, dict[str, Any]]:
+    """Each job's status once every one has finished (or ``timeout`` has passed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = client.get(jobs_path(NAMESPACE))["items"]
+        statuses = {j["metadata"]["name"]: j.get("status") or {} for j in listed if j["metadata"]["name"] in names}
+        done = [n for n, s in statuses.items() if s.get("phase") in ("Succeeded", "Failed")]
+        if len(done) == len(names) or time.monotonic() > deadline:
+            log(f"{len(done)} of {len(names)} jobs finished")
+            return statuses
+        time.sleep(2.0)
 
 
 def settled_leader(client: Api, replicas: dict[str, Replica]) -> Replica:
@@ -245,9 +351,12 @@ def main(argv: Sequence[str] | None = None) -> Figures:
     parser.add_argument("--hangs", type=int, default=5, help="trials of a leader frozen past its lease, then let go")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs held while the standby's cost is measured")
     parser.add_argument("--window", type=float, default=60.0, help="seconds the CPU is counted over")
+    parser.add_argument("--burst", type=int, default=100, help="jobs of the burst the leader is killed in (0: none)")
+    parser.add_argument("--bursts", type=int, default=1, help="how many such bursts")
+    parser.add_argument("--burst-seconds", type=int, default=20, help="how long KWOK runs each of their pods")
     args = parser.parse_args(argv)
     with (
-        control_plane_with_crd(audit_requests=True) as (plane, client),
+        control_plane_with_crd(audit_requests=True, simulated_nodes=4 if args.burst else 0) as (plane, client),
         tempfile.TemporaryDirectory(prefix="ddpjob-takeover-") as tmp,
     ):
         logs = Path(tmp)
@@ -263,11 +372,19 @@ def main(argv: Sequence[str] | None = None) -> Figures:
                 frozen = hang(client, plane, plane.kubeconfig, logs, replicas, n)
                 log(f"hang {n + 1}: {frozen}")
                 hangs.append(frozen)
-            cost = standby_cost(client, replicas, args.jobs, args.window)
+            bursts: list[Burst] = []
+            for n in range(args.bursts if args.burst else 0):
+                done = burst(client, plane, logs, replicas, args.burst, args.burst_seconds, n)
+                log(f"burst {n + 1}: {done}")
+                bursts.append(done)
+            cost = standby_cost(client, replicas, args.jobs, args.window) if args.jobs else (float("nan"),) * 4
         finally:
             for replica in replicas.values():
                 replica.process.stop()
-    figures = Figures(hangs, takeovers, args.jobs, args.window, *cost)
+    leader_cpu, standby_cpu, leader_rss, standby_rss = cost
+    figures = Figures(
+        hangs, takeovers, args.jobs, args.window, leader_cpu, standby_cpu, leader_rss, standby_rss, bursts
+    )
     report(figures)
     return figures
 
@@ -285,6 +402,13 @@ def report(f: Figures) -> None:
              "writes its fence refused", "it exited"],
             [[h.stopped_s, h.took_over_s, len(h.late_writes), h.refused_writes, "yes" if h.exited else "NO"]
              for h in f.hangs],
+        )  # fmt: skip
+    if f.bursts:
+        markdown += "\n\n" + table(
+            ["burst jobs", "killed -> Lease taken s", "killed -> its first write s", "Succeeded", "restarted",
+             "standby writes before it led", "jobs whose pods both created", "pods created twice"],
+            [[b.jobs, b.acquired_s, b.took_over_s, b.succeeded, len(b.restarted), len(b.standby_writes),
+              len(b.pods_by_both), len(b.created_twice)] for b in f.bursts],
         )  # fmt: skip
     markdown += "\n\n" + table(
         ["jobs held", "window s", "leader CPU", "standby CPU", "leader RSS MiB", "standby RSS MiB"],

@@ -331,3 +331,32 @@ def test_the_many_jobs_benchmarks_jobs_run_on_the_simulated_nodes_and_leave_no_p
     assert template["metadata"]["annotations"] == {"pod-complete.stage.kwok.x-k8s.io/delay": "1s"}
     assert template["spec"]["nodeSelector"] == {"type": "kwok"}
     assert template["spec"]["tolerations"][0]["key"] == "kwok.x-k8s.io/node"
+
+
+def test_a_burst_reads_the_takeover_the_standbys_early_writes_and_each_pods_creators_from_the_audit_log() -> None:
+    from bench.takeover import read_burst
+
+    def event(who: str, verb: str, resource: str, name: str, code: int = 201) -> dict[str, object]:
+        return {"stage": "ResponseComplete", "userAgent": f"ddpjob-operator/{who}", "verb": verb,
+                "objectRef": {"resource": resource, "name": name}, "responseStatus": {"code": code}}  # fmt: skip
+
+    killed = 100.0
+    events = [
+        (event("a", "create", "pods", "j0-0"), 99.0),
+        (event("a", "create", "pods", "j0-1"), 99.5),
+        (event("b", "update", "leases", "ddpjob-operator", 409), 101.0),  # tried while a's lease held: refused
+        (event("b", "update", "leases", "ddpjob-operator", 200), 114.0),  # took it
+        (event("b", "create", "pods", "j0-1", 409), 114.5),  # already there: refused, not a second pod
+        (event("b", "create", "pods", "j1-0"), 115.0),
+        (event("b", "create", "pods", "j1-1"), 115.1),
+        (event("b", "get", "ddpjobs", "j1"), 115.2),
+    ]
+    statuses = {"j0": {"phase": "Succeeded"}, "j1": {"phase": "Succeeded", "restarts": 0}}
+    clean = read_burst(events, "a", "b", killed, statuses)
+    assert (clean.acquired_s, clean.took_over_s, clean.succeeded, clean.jobs) == (14.0, 14.5, 2, 2)
+    assert clean.restarted == clean.standby_writes == clean.pods_by_both == clean.created_twice == []
+    split = [*events, (event("b", "create", "pods", "j0-0"), 99.8), (event("b", "patch", "ddpjobs", "j0"), 99.9)]
+    bad = read_burst(split, "a", "b", killed, {**statuses, "j1": {"phase": "Failed", "restarts": 1}})
+    assert bad.created_twice == ["j0-0"] and bad.pods_by_both == ["j0"] and bad.restarted == ["j1"]
+    assert bad.standby_writes == ["-0.20s create pods/j0-0 -> 201", "-0.10s patch ddpjobs/j0 -> 201"]
+    assert bad.succeeded == 1
