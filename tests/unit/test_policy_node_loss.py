@@ -210,6 +210,7 @@ def test_the_node_watch_keeps_a_sick_nodes_taints_that_repel_pods_and_wakes_when
         ({"key": "k", "operator": "Exists", "effect": "NoSchedule"}, True),
         ({"key": "k", "operator": "Exists", "tolerationSeconds": 60}, False),
         ({"key": "other", "operator": "Exists"}, False),
+        ({"key": "k", "operator": "Gt", "value": "v"}, False),
     ],
 )
 def test_a_taint_is_tolerated_for_good_as_kubernetes_matches_a_toleration(

@@ -15,7 +15,7 @@ from ddpjob_operator import builders, queueing, topology
 from ddpjob_operator.api import Job, parse_job
 from ddpjob_operator.lifecycle import plan
 from ddpjob_operator.node_health import NodeHealth
-from ddpjob_operator.status import JobStatus, parse_status, pod_view
+from ddpjob_operator.status import ExcludedNode, JobStatus, parse_status, pod_view
 
 from .factories import body, pod
 from .test_admission import ADMITTED, T0, run
@@ -200,29 +200,30 @@ def test_no_pod_is_made_while_kueues_assignment_still_names_a_lost_node_until_ku
     assert made.create_ranks == (0, 1), "Kueue put the lost node's rank on the rack's other node"
 
 
-def test_no_pod_is_made_while_the_assignment_names_a_sick_node_whose_taint_the_pods_do_not_tolerate() -> None:
-    """Kueue replaces a Ready node whose NoSchedule or NoExecute taint the pods do not tolerate; one they tolerate, or
-    a PreferNoSchedule taint, it keeps, and a wait for it would last as long as the taint."""
+def test_no_pod_is_made_while_the_assignment_names_a_sick_node_the_job_left_whose_taint_its_pods_refuse() -> None:
+    """Kueue replaces a Ready node whose NoSchedule or NoExecute taint the pods do not tolerate, once the job's pods
+    there have gone; one they tolerate, or a PreferNoSchedule taint, it keeps, and so it may a sick node the job never
+    had a pod on (its pods leaving are what has Kueue look again): a wait for those would last as long as the taint."""
     taint = {"key": "ddpjob.dev/unhealthy", "value": "gpu", "effect": "NoSchedule"}
     sick = NodeHealth(sick={"box-node-2": "the node carries the taint ddpjob.dev/unhealthy=gpu"},
                       repelling={"box-node-2": (taint,)})  # fmt: skip
     old_assignment = assignment(("rack-1", "box-node-2", 1), ("rack-1", "box-node-3", 1))
-    for tolerations, held in (([], True), ([{"key": "ddpjob.dev/unhealthy", "operator": "Exists"}], False)):
+    left = (ExcludedNode("box-node-2", "NodeUnhealthy", "the node carries the taint ddpjob.dev/unhealthy=gpu", T0),)
+
+    def made(tolerations: list[dict[str, Any]], excluded: tuple[ExcludedNode, ...], nodes: NodeHealth) -> tuple[
+            int, ...]:  # fmt: skip
         j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
         j = replace(j, spec=replace(j.spec, template={**j.spec.template, "spec": {
             **j.spec.template["spec"], "tolerations": tolerations}}))  # fmt: skip
         name = queueing.workload_name(j.name, j.uid)
-        queued = run(j, JobStatus(), [], None).status
-        made = plan(j, queued, [], T0, queued=queueing.read(j.queue, admitted(j, old_assignment), {}, name=name),
-                    nodes=sick)  # fmt: skip
-        assert made.create_ranks == (() if held else (0, 1)), tolerations
-    prefers = NodeHealth(sick=sick.sick)  # its taint only prefers no pods: not repelling
-    j = tas_job(2, **{kueue.ANNOTATION_REQUIRED_TOPOLOGY: RACK})
-    name = queueing.workload_name(j.name, j.uid)
-    queued = run(j, JobStatus(), [], None).status
-    made = plan(j, queued, [], T0, queued=queueing.read(j.queue, admitted(j, old_assignment), {}, name=name),
-                nodes=prefers)  # fmt: skip
-    assert made.create_ranks == (0, 1)
+        queued = replace(run(j, JobStatus(), [], None).status, excluded_nodes=excluded)
+        read = queueing.read(j.queue, admitted(j, old_assignment), {}, name=name)
+        return plan(j, queued, [], T0, queued=read, nodes=nodes).create_ranks
+
+    assert made([], left, sick) == (), "held until Kueue replaces the node the job left"
+    assert made([{"key": "ddpjob.dev/unhealthy", "operator": "Exists"}], left, sick) == (0, 1), "tolerated: kept"
+    assert made([], (), sick) == (0, 1), "never left by the job: Kueue may never look at it again"
+    assert made([], left, NodeHealth(sick=sick.sick)) == (0, 1), "a taint that only prefers no pods: not repelling"
 
 
 def test_a_pod_kueue_failed_on_its_assigned_node_is_a_disruption_not_the_ranks_failure() -> None:

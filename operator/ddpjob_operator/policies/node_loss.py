@@ -193,19 +193,25 @@ def tolerated(taint: Mapping[str, str], tolerations: Iterable[Mapping[str, Any]]
         if t.get("operator") == "Exists":
             if not t.get("key") or t.get("key") == taint["key"]:
                 return True
-        elif t.get("key") == taint["key"] and str(t.get("value") or "") == taint["value"]:
-            return True
+        elif t.get("operator") in (None, "", "Equal") and t.get("key") == taint["key"] and str(
+                t.get("value") or "") == taint["value"]:  # fmt: skip
+            return True  # (Lt and Gt compare numbers, and never tolerate a taint)
     return False
 
 
 def awaiting_replacement(the_plan: Plan, nodes: NodeHealth, tolerations: Iterable[Mapping[str, Any]] = ()) -> Plan:
     """Under Kueue's topology assignment, no new pod while the assignment still names a node known lost, or a sick
-    one whose taint the pods (``tolerations``: the template's) do not tolerate: Kueue replaces it (or evicts the
-    job) first, and writes the Workload, which wakes the job. A pod made sooner could be ungated onto that node,
-    never bound, and failed by Kueue: a second restart. (A sick node whose taint the pods tolerate, or that only
-    prefers no pods, Kueue keeps: waiting for it could last as long as the taint.)"""
+    one the job has just left whose taint the pods (``tolerations``: the template's) do not tolerate: Kueue replaces
+    it (or evicts the job) first, and writes the Workload, which wakes the job. A pod made sooner could be ungated
+    onto that node, never bound, and failed by Kueue: a second restart.
+
+    For a sick node, only one in ``status.excludedNodes``: the job's own pods leaving it are what has Kueue's node
+    controller look at it again (it replaces a Ready node once no pod of the job runs there). A sick node Kueue placed
+    the job on, with no pod of the job ever there, Kueue may never look at again: waiting for it could last as long
+    as the taint. So could one whose taint the pods tolerate, or that only prefers no pods, which Kueue keeps."""
     kept = tuple(tolerations)
-    sick = {n for n, taints in nodes.repelling.items() if any(not tolerated(t, kept) for t in taints)}
+    left = set(the_plan.status.excluded_names)
+    sick = {n for n, taints in nodes.repelling.items() if n in left and any(not tolerated(t, kept) for t in taints)}
     bad = [n for n in the_plan.placement.assigned_nodes if n in nodes.lost or n in sick]
     if not bad or not the_plan.create_ranks:
         return the_plan
