@@ -70,13 +70,15 @@ def pod_states(stack: Stack, job: JobRef) -> list[str]:
 
 
 def queue_states(stack: Stack, job: JobRef) -> list[str]:
-    """Under Kueue: each Workload of the run's namespace (its conditions) and its ClusterQueue's usage, said in a line
-    each; [] without Kueue or while the apiserver does not answer. For a job that waited too long to be admitted."""
+    """Under Kueue: each Workload of the run's namespace (its conditions), any other Workload that holds quota in its
+    ClusterQueue (where, since when, whether deleted), and the ClusterQueue's usage, said in a line each; [] without
+    Kueue or while the apiserver does not answer. For a job that waited too long to be admitted."""
     if not stack.kueue:
         return []
     group, version = "kueue.x-k8s.io", "v1beta2"
     try:
         workloads = stack.call(stack.custom.list_namespaced_custom_object, group, version, job.namespace, "workloads")
+        everywhere = stack.call(stack.custom.list_cluster_custom_object, group, version, "workloads")
         queue = stack.call(
             stack.custom.get_cluster_custom_object, group, version, "clusterqueues", f"cq-{job.namespace}"
         )
@@ -87,6 +89,19 @@ def queue_states(stack: Stack, job: JobRef) -> list[str]:
         conditions = [f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message', '')[:160]}"
                       for c in (w.get("status") or {}).get("conditions") or []]  # fmt: skip
         said.append(f"Workload {w['metadata']['name']}: {'; '.join(conditions) or 'no condition'}")
+    elsewhere = [
+        w
+        for w in everywhere.get("items") or []
+        if w["metadata"].get("namespace") != job.namespace
+        and ((w.get("status") or {}).get("admission") or {}).get("clusterQueue") == f"cq-{job.namespace}"
+    ]
+    if not elsewhere:
+        said.append(f"no Workload of another namespace holds quota in cq-{job.namespace}")
+    for w in elsewhere:
+        meta = w["metadata"]
+        said.append(f"Workload {meta.get('namespace')}/{meta['name']} holds quota here: created "
+                    f"{meta.get('creationTimestamp')}, deleted {meta.get('deletionTimestamp') or 'no'}, "
+                    f"finalizers {meta.get('finalizers') or []}")  # fmt: skip
     status = queue.get("status") or {}
     usage = [
         f"{r.get('name')} {r.get('total')}" for f in status.get("flavorsUsage") or [] for r in f.get("resources") or []
