@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from bench.chaos.job import HIGH, JobRef, chaos_job
-from bench.chaos.stack import SUSPENDED_OR_OVER, NotInjected, Stack, status, wait
+from bench.chaos.stack import ELECTION, SUSPENDED_OR_OVER, NotInjected, Stack, status, wait
 from ddpjob_contract.kueue import LABEL_PRIORITY_CLASS
 from ddpjob_contract.status import Reason
 
@@ -30,6 +30,9 @@ KUEUE_FAULTS = ("preempt", "restart-kueue")
 """With --kueue: a high-priority job takes the run's quota (Kueue evicts the run's job, which must resume from its
 checkpoint once the other is done, with no restart counted), and Kueue's manager killed and started again."""
 NODE_FAULTS = ("power-cut", "network-cut")
+HA_FAULTS = ("kill-leader", "cut-leader")
+"""With two operator replicas (``--replicas 2``): the leader SIGKILLed, or its way to the apiserver cut past its
+lease (as its node's network would be), then back."""
 """With --nodes N (N > 1): the node of one of the run's ranks loses its power or its network, and comes back once
 the job runs again elsewhere (or after NODE_DOWN_SECONDS). One restart, NodeLost, for the run's job; any other run's
 job with a live rank there restarts too, counted as a restart it may have (``Run.node_hits``). One node is down at
@@ -38,12 +41,15 @@ PREEMPT_SECONDS = 120
 """How long a preemptor may take to evict a running job (Kueue's scheduling cycle, the operator's 2 s look)."""
 
 
-def drawn(seed: int, index: int, *, kueue: bool = False, nodes: int = 1) -> tuple[random.Random, list[str]]:
+def drawn(
+    seed: int, index: int, *, kueue: bool = False, nodes: int = 1, replicas: int = 1
+) -> tuple[random.Random, list[str]]:
     """A run's faults, in the order it injects them (a deletion last: it ends the run), and the generator
     that goes on to draw their timing; ``kueue`` adds KUEUE_FAULTS to those drawn from, several ``nodes``
-    NODE_FAULTS."""
+    NODE_FAULTS, two ``replicas`` HA_FAULTS."""
     rng = random.Random(f"{seed}:{index}")
-    kinds = (*FAULTS, *(KUEUE_FAULTS if kueue else ()), *(NODE_FAULTS if nodes > 1 else ()))
+    kinds = (*FAULTS, *(KUEUE_FAULTS if kueue else ()), *(NODE_FAULTS if nodes > 1 else ()),
+             *(HA_FAULTS if replicas > 1 else ()))  # fmt: skip
     faults = rng.sample(kinds, rng.randint(1, 3))
     return rng, sorted(faults, key=lambda fault: fault in ENDING)
 
@@ -165,6 +171,17 @@ def inject(stack: Stack, job: JobRef, fault: str, rng: random.Random) -> str:
             preempt(stack, job)
         case "restart-kueue":
             stack.box_fault(stack.restart_kueue)
+        case "kill-leader":
+            killed: list[str] = []
+            stack.box_fault(lambda: killed.append(stack.kill_leader()))
+            return f"{killed[0]} killed"
+        case "cut-leader":
+            cut: list[tuple[str, bool]] = []
+            stack.box_fault(lambda: cut.append(stack.cut_leader(ELECTION["lease-duration"] + 5.0)))
+            name, exited = cut[0]
+            if not exited:
+                raise Broken(f"{name}, cut off from the apiserver past its lease, did not stop and exit")
+            return f"{name} cut"
         case "power-cut" | "network-cut":
             return stack.cut_node(job, pod, fault, back_after=rng.uniform(0.0, 20.0))
         case "delete-job":

@@ -18,7 +18,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import chaos
-from bench.chaos.faults import ENDING, FAULTS, KUEUE_FAULTS, NODE_FAULTS, RESTARTING, Broken, drawn, inject
+from bench.chaos.faults import (
+    ENDING,
+    FAULTS,
+    HA_FAULTS,
+    KUEUE_FAULTS,
+    NODE_FAULTS,
+    RESTARTING,
+    Broken,
+    drawn,
+    inject,
+)
 from bench.chaos.invariants import Watchdog, ended_as_promised, too_late
 from bench.chaos.job import JobRef, Run, backoff_limit, chaos_job
 from bench.chaos.stack import (
@@ -114,11 +124,11 @@ def queue_states(stack: Stack, job: JobRef) -> list[str]:
 
 
 def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
-    rng, faults = drawn(seed, index, kueue=stack.kueue, nodes=stack.node_count)
+    rng, faults = drawn(seed, index, kueue=stack.kueue, nodes=stack.node_count, replicas=stack.replicas)
     result = Run(seed, index, faults, backoff_limit=backoff_limit(index))
     job = names(seed, index, namespace)
     started = time.monotonic()
-    logged = len(stack.operator_log())  # what earlier runs left in the operator's log is theirs
+    logged = stack.log_marks()  # what earlier runs left in the operators' logs is theirs
     exits = len(stack.exits)
     deleted = ""
     """The fault that deleted the job or its namespace, once injected."""
@@ -192,7 +202,7 @@ def one_run(stack: Stack, seed: int, index: int, namespace: str) -> Run:
     result.node_hits = stack.node_hits.pop(job.name, 0)
     result.violations += ended_as_promised(stack, job, result, deleted)
     result.violations += stack.exits[exits:]
-    operator_log = stack.operator_log()[logged:]
+    operator_log = stack.operator_log_since(logged)
     if "Traceback" in operator_log:
         result.violations.append("the operator logged a traceback")
     if result.violations:
@@ -281,7 +291,7 @@ def summary(
     ``fired``: the points the armed operator exited at."""
     drawn = Counter(f for r in results for f in r.faults)
     skipped = Counter(f for r in results for f in r.skipped)
-    kinds = (*FAULTS, *(k for k in (*KUEUE_FAULTS, *NODE_FAULTS) if drawn[k]))
+    kinds = (*FAULTS, *(k for k in (*KUEUE_FAULTS, *NODE_FAULTS, *HA_FAULTS) if drawn[k]))
     rows = [[kind, drawn[kind] - skipped[kind], skipped[kind]] for kind in kinds]
     head = table(["fault", "injected", "skipped or too late (the job or the rank had ended)"], rows)
     total = [[len(results), parallel, sum(bool(r.violations) for r in results),
@@ -315,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replay", help="SEED:RUN[,SEED:RUN...]: those runs alone, side by side")
     parser.add_argument("--kueue", action="store_true", help="Kueue in the box, every job queued, and its faults")
     parser.add_argument("--nodes", type=int, default=1, help="real nodes in the box; more than 1 adds NODE_FAULTS")
+    parser.add_argument("--replicas", type=int, default=2, choices=(1, 2),
+                        help="operator replicas, as the chart runs them: 2 elect a leader on a Lease and add "
+                        "HA_FAULTS; 1 replays soaks recorded before 2026-11-29 (their draws had none)")  # fmt: skip
     parser.add_argument(
         "--topology",
         default=None,
@@ -335,13 +348,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     topology = args.topology
     if topology is None:
         topology = "rack=2" if args.kueue and args.nodes >= 4 and args.nodes % 2 == 0 else ""
-    with chaos_stack(parallel, kueue=args.kueue, nodes=args.nodes, topology=topology) as stack:
+    with chaos_stack(parallel, kueue=args.kueue, nodes=args.nodes, topology=topology, replicas=args.replicas) as stack:
         results = soak(stack, seed, runs, RESULTS_DIR / f"{NAME}.jsonl", parallel)
         assert stack.box.plane is not None
-        restarted, fired = list(stack.box.plane.restarted), list(stack.fired)
+        restarted, fired, fenced = list(stack.box.plane.restarted), list(stack.fired), list(stack.fenced)
     markdown = summary(results, parallel, time.monotonic() - started, restarted, fired)
+    if args.replicas > 1:
+        markdown += f"\n\nLeaders cut off from the apiserver that stopped and exited, as they must: {len(fenced)}."
     print(markdown)
-    data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted, "fired": fired}
+    data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted, "fired": fired,
+            "replicas": args.replicas, "fenced": fenced}  # fmt: skip
     write_results(NAME, {**data, "runs": [asdict(r) for r in results]}, markdown)
     if any(r.violations for r in results):
         raise SystemExit(1)

@@ -25,6 +25,12 @@ from ddpjob_contract import faults as operator_faults
 
 NODE_DOWN_SECONDS = 120
 """The longest a cut node stays down."""
+LEASE = "ddpjob-operator"
+LEASE_NAMESPACE = "default"
+ELECTION = {"lease-duration": 15.0, "renew-deadline": 10.0, "retry-period": 2.0}
+"""With two replicas (``--replicas 2``): leader election on a Lease, with the chart's durations."""
+FENCED = "could not renew the leader Lease"
+"""What a leader cut off from the apiserver logs as it stops writing and exits, to start again as a standby."""
 NODE_GRACE = ("--node-monitor-grace-period=10s", "--node-monitor-period=2s")
 """The controller-manager's, with several nodes (as bench.node_loss, and as kind or kubeadm users shorten it)."""
 
@@ -37,7 +43,9 @@ class Stack:
     """The box's parts a fault acts on, the namespaces the runs take turns in, and the operator, which a fault
     may kill or arm and which this keeps running."""
 
-    def __init__(self, box: Any, namespaces: Sequence[str], workdir: Path, *, kueue: bool = False) -> None:
+    def __init__(
+        self, box: Any, namespaces: Sequence[str], workdir: Path, *, kueue: bool = False, replicas: int = 1
+    ) -> None:
         # With Kueue on a box with a topology, every other namespace's jobs are placed by it (a rack each)
         self.rack = f"{LABEL_PREFIX}{box.topology[-1].name}" if kueue and box.topology else ""
         # With Kueue on several nodes, ranks keep off the node that runs Kueue's manager, which no node fault cuts
@@ -66,7 +74,16 @@ class Stack:
         """The armed points the operator exited at."""
         self.exits: list[str] = []
         """The operator's exits that no fault asked for: each fails the runs alive then."""
-        self.operator = self._start_operator()
+        self.replicas = replicas
+        self.fenced: list[str] = []
+        """The replicas that stopped leading when cut off from the apiserver, and exited, as they must."""
+        self._links: dict[int, Any] = {}
+        """With two replicas: each slot's own way to the apiserver, which ``cut_leader`` stops, and its port."""
+        self._link_ports: dict[int, int] = {}
+        self._identities = iter(range(1_000_000))
+        self.identities = [""] * replicas
+        """Each slot's replica's name (its Lease holder identity), with two replicas."""
+        self.operators = [self._start_operator(slot=slot) for slot in range(replicas)]
         self._calm = threading.Lock()
         self.whole_since = time.monotonic()
         """When the last box fault ended: the control plane has been whole since then."""
@@ -176,13 +193,68 @@ class Stack:
             return False
         return True
 
-    def _start_operator(self, armed: str = "") -> Any:
+    @property
+    def operator(self) -> Any:
+        """The operator the operator faults act on: the first slot's (with two replicas, either role)."""
+        return self.operators[0]
+
+    def _start_operator(self, armed: str = "", slot: int = 0) -> Any:
         path = self.workdir / f"operator-{len(self.operator_logs)}.log"
         self.operator_logs.append(path)
-        return self._operator_cls(self.box.plane.kubeconfig, path, namespaces=self.namespaces, faults=armed)
+        if self.replicas == 1:
+            return self._operator_cls(self.box.plane.kubeconfig, path, namespaces=self.namespaces, faults=armed)
+        identity = f"replica-{next(self._identities)}"
+        flags = ["--leader-elect", f"--leader-elect-identity={identity}", f"--leader-elect-lease={LEASE}",
+                 f"--leader-elect-namespace={LEASE_NAMESPACE}",
+                 *(f"--leader-elect-{k}={v:g}" for k, v in ELECTION.items())]  # fmt: skip
+        process = self._operator_cls(self._linked_kubeconfig(slot), path, namespaces=self.namespaces, faults=armed,
+                                     extra_args=flags)  # fmt: skip
+        self.identities[slot] = identity
+        return process
 
-    def operator_log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in self.operator_logs if p.exists())
+    def _linked_kubeconfig(self, slot: int) -> Path:
+        """The admin kubeconfig, through a forwarder of the slot's own that ``cut_leader`` can stop (as a node's
+        kubelet link: its requests then hang, as across a cut cable)."""
+        import socket
+
+        import yaml
+
+        from ddpjob_box.ports import free_port
+        from ddpjob_box.processes import Component
+
+        def listening(port: int) -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        link = self._links.get(slot)
+        if link is None or not link.alive():
+            port = free_port()
+            link = Component.box_module("operator-link", "ddpjob_box.kubenode.apiproxy",
+                                        ["127.0.0.1", str(port), str(self.box.plane.apiserver_port)],
+                                        self.workdir / f"operator-link-{slot}.log")  # fmt: skip
+            link.start()
+            wait("the operator's link to listen", lambda: listening(port), 20)
+            self._links[slot], self._link_ports[slot] = link, port
+        config = yaml.safe_load(self.box.plane.kubeconfig.read_text())
+        for cluster in config["clusters"]:
+            cluster["cluster"]["server"] = f"https://127.0.0.1:{self._link_ports[slot]}"
+        path = self.workdir / f"operator-{slot}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def log_marks(self) -> dict[Path, int]:
+        """How long each operator log is now, for ``operator_log_since``."""
+        return {p: p.stat().st_size for p in self.operator_logs if p.exists()}
+
+    def operator_log_since(self, marks: dict[Path, int]) -> str:
+        """What the operators logged since ``marks`` (two replicas write side by side)."""
+        said = []
+        for path in self.operator_logs:
+            if path.exists():
+                with path.open("rb") as log_file:
+                    log_file.seek(marks.get(path, 0))
+                    said.append(log_file.read().decode(errors="replace"))
+        return "".join(said)
 
     def kill_operator(self, armed: str = "") -> None:
         """SIGKILL, then another operator at once; ``armed``: a fault point it exits at (OPERATOR_POINTS)."""
@@ -190,22 +262,72 @@ class Stack:
             self.operator.proc.kill()
             self.operator.proc.wait()
             self.armed = armed
-            self.operator = self._start_operator(armed)
+            self.operators[0] = self._start_operator(armed)
+
+    def leader(self) -> int:
+        """The slot of the replica that holds the Lease (waits up to 60 s for one to)."""
+        from kubernetes import client
+
+        leases = client.CoordinationV1Api(self.api)
+
+        def held() -> tuple[int] | None:
+            try:  # not through ``call``: the leader faults run under ``box_fault``, which holds its lock
+                holder = leases.read_namespaced_lease(LEASE, LEASE_NAMESPACE).spec.holder_identity
+            except Exception:
+                return None
+            slots = range(len(self.operators))
+            return next(((s,) for s in slots if self.identities[s] == holder and self.operators[s].alive()), None)
+
+        (slot,) = wait("a replica to hold the Lease", held, 60)
+        return int(slot)
+
+    def kill_leader(self) -> str:
+        """SIGKILL the replica that leads, and start another in its place, as the next standby; returns its name."""
+        slot = self.leader()
+        with self._swap:
+            killed, name = self.operators[slot], self.identities[slot]
+            killed.proc.kill()
+            killed.proc.wait()
+            self.operators[slot] = self._start_operator(slot=slot)
+        return name
+
+    def cut_leader(self, seconds: float) -> tuple[str, bool]:
+        """The leader's way to the apiserver cut for ``seconds`` (past its lease), then back: it must stop leading
+        at its renew deadline and exit, and the standby take over; the keeper starts it again as a standby.
+        Returns the cut replica's name, and whether it exited (within 30 s of the link's return)."""
+        import os
+        import signal
+
+        slot = self.leader()
+        cut, link, name = self.operators[slot], self._links[slot], self.identities[slot]
+        os.kill(link.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(link.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while cut.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return name, cut.proc.poll() is not None
 
     def _keep(self) -> None:
-        """Starts a plain operator when the running one exits on its own: at its armed point (counted in
-        ``fired``), or not (a crash, kept in ``exits``)."""
+        """Starts a plain operator when a running one exits on its own: at its armed point (counted in ``fired``),
+        a leader fenced off the apiserver (in ``fenced``), or not (a crash, kept in ``exits``)."""
         while not self._closing.wait(0.5):
             with self._swap:
-                code = self.operator.proc.poll()
-                if code is None:
-                    continue
-                if self.armed and code == operator_faults.EXIT_CODE:
-                    self.fired.append(self.armed)
-                else:
-                    self.exits.append(f"the operator exited on its own with code {code}")
-                self.armed = ""
-                self.operator = self._start_operator()
+                for slot, process in enumerate(self.operators):
+                    code = process.proc.poll()
+                    if code is None:
+                        continue
+                    if slot == 0 and self.armed and code == operator_faults.EXIT_CODE:
+                        self.fired.append(self.armed)
+                    elif self.replicas > 1 and FENCED in process.log():
+                        self.fenced.append(self.identities[slot])
+                    else:
+                        self.exits.append(f"the operator exited on its own with code {code}")
+                    if slot == 0:
+                        self.armed = ""
+                    self.operators[slot] = self._start_operator(slot=slot)
 
     def component(self, name: str) -> Any:
         return next(c for c in self.box.plane.components if c.name == name)
@@ -313,7 +435,10 @@ class Stack:
         if self._back is not None:
             self._back.join()
         self._keeper.join()
-        self.operator.stop()
+        for process in self.operators:
+            process.stop()
+        for link in self._links.values():
+            link.stop()
         self.api.close()
 
 
@@ -363,7 +488,9 @@ def restarted_or_over(stack: Stack, job: JobRef, attempt: int, restarts: int) ->
 
 
 @contextmanager
-def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1, topology: str = "") -> Iterator[Stack]:
+def chaos_stack(
+    parallel: int, kueue: bool = False, nodes: int = 1, topology: str = "", replicas: int = 1
+) -> Iterator[Stack]:
     """A box with its ``nodes`` (the controller-manager's NODE_GRACE with several) and the trainer image, the CRD, a
     namespace per run going on at once, and the operator, watching those namespaces (the chart's namespaced
     mode)."""
@@ -387,7 +514,7 @@ def chaos_stack(parallel: int, kueue: bool = False, nodes: int = 1, topology: st
         assert plane is not None
         apply_crd(Api(plane.server, plane.admin_token, str(plane.ca_file)))
         namespaces = [f"chaos-ns-{i}" for i in range(parallel)]
-        stack = Stack(box, namespaces, Path(tmp), kueue=kueue)
+        stack = Stack(box, namespaces, Path(tmp), kueue=kueue, replicas=replicas)
         try:
             for namespace in namespaces:
                 stack.create_namespace(namespace)

@@ -91,6 +91,15 @@ def test_with_kueue_the_draw_adds_preemption_and_a_kueue_restart_and_leaves_the_
     assert chaos_job("j", "c", 5)["metadata"]["labels"] == {}
 
 
+def test_with_two_replicas_the_draw_adds_the_leaders_kill_and_cut_and_one_replica_draws_as_before() -> None:
+    from bench.chaos.faults import HA_FAULTS
+
+    paired = {f for index in range(200) for f in drawn(1, index, replicas=2)[1]}
+    assert paired == {*FAULTS, *HA_FAULTS}
+    assert [drawn(1, index)[1] for index in range(50)] == [drawn(1, index, replicas=1)[1] for index in range(50)]
+    assert not {f for index in range(200) for f in drawn(1, index)[1]} & set(HA_FAULTS)
+
+
 def test_a_topology_run_requires_one_rack_of_its_queue_whose_flavor_is_the_boxs_topology_flavor() -> None:
     from bench.chaos.job import chaos_job, kueue_queues
 
