@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> Figures:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--hangs", type=int, default=5, help="trials of a leader frozen past its lease, then let go")
-    parser.add_argument("--jobs", type=int, default=1000, help="jobs held while the standby's cost is measured")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs held while a standby's cost is measured; 0: none")
     parser.add_argument("--window", type=float, default=60.0, help="seconds the CPU is counted over")
     parser.add_argument("--burst", type=int, default=100, help="jobs of the burst the leader is killed in (0: none)")
     parser.add_argument("--bursts", type=int, default=1, help="how many such bursts")
@@ -399,7 +399,7 @@ def report(f: Figures) -> None:
         ["leader SIGKILLed -> a new job's first pod", len(f.takeovers_s), f"{percentile(f.takeovers_s, 50):.1f}",
          f"{percentile(f.takeovers_s, 99):.1f}", f"{max(f.takeovers_s):.1f}", f"<= {target:g}"],
     ] if f.takeovers_s else []  # fmt: skip
-    markdown = table(["from -> to", "trials", "median s", "p99 s", "max s", "target s"], rows)
+    markdown = table(["from -> to", "trials", "median s", "p99 s", "max s", "target s"], rows) if rows else ""
     if f.hangs:
         markdown += "\n\n" + table(
             ["leader frozen s", "frozen -> a new job's first pod s", "writes received after its renew deadline",
@@ -414,12 +414,13 @@ def report(f: Figures) -> None:
             [[b.jobs, b.acquired_s, b.took_over_s, b.succeeded, len(b.restarted), len(b.standby_writes),
               len(b.pods_by_both), len(b.created_twice)] for b in f.bursts],
         )  # fmt: skip
-    markdown += "\n\n" + table(
-        ["jobs held", "window s", "leader CPU", "standby CPU", "leader RSS MiB", "standby RSS MiB"],
-        [[f.jobs, f"{f.window_s:g}", f"{f.leader_cpu_share:.1%}", f"{f.standby_cpu_share:.1%}",
-          f"{f.leader_rss_mib:.0f}", f"{f.standby_rss_mib:.0f}"]],
-    )  # fmt: skip
-    print(markdown)
+    if f.jobs:
+        markdown += "\n\n" + table(
+            ["jobs held", "window s", "leader CPU", "standby CPU", "leader RSS MiB", "standby RSS MiB"],
+            [[f.jobs, f"{f.window_s:g}", f"{f.leader_cpu_share:.1%}", f"{f.standby_cpu_share:.1%}",
+              f"{f.leader_rss_mib:.0f}", f"{f.standby_rss_mib:.0f}"]],
+        )  # fmt: skip
+    print(markdown.strip())
     write_results(NAME, {"machine": machine(), **asdict(f)}, markdown)
 
 
