@@ -261,11 +261,17 @@ def read_burst(
     creators: dict[str, list[str]] = {}
     for e, _ in writes:
         ref = e.get("objectRef") or {}
-        if e.get("verb") == "create" and ref.get("resource") == "pods" and _code(e) == 201:
-            creators.setdefault(str(ref.get("name")), []).append(agent[e["userAgent"]])
+        pod = str(ref.get("name"))
+        if (
+            e.get("verb") == "create"
+            and ref.get("resource") == "pods"
+            and _code(e) == 201
+            and (pod.rsplit("-", 1)[0] in statuses)
+        ):  # <job>-<rank> of the burst's (not the in-place probe's pod)
+            creators.setdefault(pod, []).append(agent[e["userAgent"]])
     by_job: dict[str, set[str]] = {}
     for pod, who in creators.items():
-        by_job.setdefault(pod.rsplit("-", 1)[0], set()).update(who)  # <job>-<rank>
+        by_job.setdefault(pod.rsplit("-", 1)[0], set()).update(who)
     return Burst(
         jobs=len(statuses),
         took_over_s=round(first - killed, 2),

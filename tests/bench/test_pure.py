@@ -350,10 +350,12 @@ def test_a_burst_reads_the_takeover_the_standbys_early_writes_and_each_pods_crea
         (event("b", "create", "pods", "j1-0"), 115.0),
         (event("b", "create", "pods", "j1-1"), 115.1),
         (event("b", "get", "ddpjobs", "j1"), 115.2),
+        (event("a", "create", "pods", "ddpjob-in-place-probe"), 98.0),  # each leader's probe: no job's pod
+        (event("b", "create", "pods", "ddpjob-in-place-probe"), 114.2),
     ]
     statuses = {"j0": {"phase": "Succeeded"}, "j1": {"phase": "Succeeded", "restarts": 0}}
     clean = read_burst(events, "a", "b", killed, statuses)
-    assert (clean.acquired_s, clean.took_over_s, clean.succeeded, clean.jobs) == (14.0, 14.5, 2, 2)
+    assert (clean.acquired_s, clean.took_over_s, clean.succeeded, clean.jobs) == (14.0, 14.2, 2, 2)
     assert clean.restarted == clean.standby_writes == clean.pods_by_both == clean.created_twice == []
     split = [*events, (event("b", "create", "pods", "j0-0"), 99.8), (event("b", "patch", "ddpjobs", "j0"), 99.9)]
     bad = read_burst(split, "a", "b", killed, {**statuses, "j1": {"phase": "Failed", "restarts": 1}})
