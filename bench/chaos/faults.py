@@ -30,13 +30,13 @@ KUEUE_FAULTS = ("preempt", "restart-kueue")
 """With --kueue: a high-priority job takes the run's quota (Kueue evicts the run's job, which must resume from its
 checkpoint once the other is done, with no restart counted), and Kueue's manager killed and started again."""
 NODE_FAULTS = ("power-cut", "network-cut")
-HA_FAULTS = ("kill-leader", "cut-leader")
-"""With two operator replicas (``--replicas 2``): the leader SIGKILLed, or its way to the apiserver cut past its
-lease (as its node's network would be), then back."""
 """With --nodes N (N > 1): the node of one of the run's ranks loses its power or its network, and comes back once
 the job runs again elsewhere (or after NODE_DOWN_SECONDS). One restart, NodeLost, for the run's job; any other run's
 job with a live rank there restarts too, counted as a restart it may have (``Run.node_hits``). One node is down at
 a time."""
+HA_FAULTS = ("kill-leader", "cut-leader")
+"""With two operator replicas (``--replicas 2``): the leader SIGKILLed, or its way to the apiserver cut past its
+lease (as its node's network would be), then back."""
 PREEMPT_SECONDS = 120
 """How long a preemptor may take to evict a running job (Kueue's scheduling cycle, the operator's 2 s look)."""
 

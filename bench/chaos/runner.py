@@ -354,7 +354,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         restarted, fired, fenced = list(stack.box.plane.restarted), list(stack.fired), list(stack.fenced)
     markdown = summary(results, parallel, time.monotonic() - started, restarted, fired)
     if args.replicas > 1:
-        markdown += f"\n\nLeaders cut off from the apiserver that stopped and exited, as they must: {len(fenced)}."
+        why = Counter(entry.rsplit("(", 1)[-1].rstrip(")") for entry in fenced)
+        markdown += (f"\n\nLeaders that could not renew their Lease and stopped and exited, as they must: {len(fenced)}"
+                     f" ({', '.join(f'{n} {k}' for k, n in sorted(why.items())) or 'none'}).")  # fmt: skip
     print(markdown)
     data = {"machine": machine(), "seed": seed, "parallel": parallel, "box_restarted": restarted, "fired": fired,
             "replicas": args.replicas, "fenced": fenced}  # fmt: skip

@@ -80,6 +80,8 @@ class Stack:
         self._links: dict[int, Any] = {}
         """With two replicas: each slot's own way to the apiserver, which ``cut_leader`` stops, and its port."""
         self._link_ports: dict[int, int] = {}
+        self._cut = ""
+        """The replica ``cut_leader`` cut last."""
         self._identities = iter(range(1_000_000))
         self.identities = [""] * replicas
         """Each slot's replica's name (its Lease holder identity), with two replicas."""
@@ -239,6 +241,7 @@ class Stack:
         for cluster in config["clusters"]:
             cluster["cluster"]["server"] = f"https://127.0.0.1:{self._link_ports[slot]}"
         path = self.workdir / f"operator-{slot}.kubeconfig"
+        path.touch(mode=0o600)  # it holds the admin's credentials
         path.write_text(yaml.safe_dump(config))
         return path
 
@@ -264,31 +267,45 @@ class Stack:
             self.armed = armed
             self.operators[0] = self._start_operator(armed)
 
-    def leader(self) -> int:
-        """The slot of the replica that holds the Lease (waits up to 60 s for one to)."""
+    def leader(self) -> tuple[int, str]:
+        """The slot and name of the replica that holds the Lease (waits up to 60 s for one to)."""
         from kubernetes import client
 
         leases = client.CoordinationV1Api(self.api)
 
-        def held() -> tuple[int] | None:
+        def held() -> tuple[int, str] | None:
             try:  # not through ``call``: the leader faults run under ``box_fault``, which holds its lock
                 holder = leases.read_namespaced_lease(LEASE, LEASE_NAMESPACE).spec.holder_identity
             except Exception:
                 return None
             slots = range(len(self.operators))
-            return next(((s,) for s in slots if self.identities[s] == holder and self.operators[s].alive()), None)
+            found = (s for s in slots if self.identities[s] == holder and self.operators[s].alive())
+            return next(((s, str(holder)) for s in found), None)
 
-        (slot,) = wait("a replica to hold the Lease", held, 60)
-        return int(slot)
+        slot, name = wait("a replica to hold the Lease", held, 60)
+        return int(slot), str(name)
+
+    def _leading(self) -> int:
+        """The leader's slot, taken with ``_swap`` held: the keeper cannot swap it meanwhile (the caller releases)."""
+        while True:
+            slot, name = self.leader()
+            self._swap.acquire()
+            if self.identities[slot] == name:
+                return slot
+            self._swap.release()  # the keeper replaced it between the look and the lock: look again
 
     def kill_leader(self) -> str:
         """SIGKILL the replica that leads, and start another in its place, as the next standby; returns its name."""
-        slot = self.leader()
-        with self._swap:
+        slot = self._leading()
+        try:
             killed, name = self.operators[slot], self.identities[slot]
             killed.proc.kill()
             killed.proc.wait()
+            if slot == 0:
+                self.armed = ""
             self.operators[slot] = self._start_operator(slot=slot)
+        finally:
+            self._swap.release()
         return name
 
     def cut_leader(self, seconds: float) -> tuple[str, bool]:
@@ -298,8 +315,12 @@ class Stack:
         import os
         import signal
 
-        slot = self.leader()
-        cut, link, name = self.operators[slot], self._links[slot], self.identities[slot]
+        slot = self._leading()
+        try:
+            cut, link, name = self.operators[slot], self._links[slot], self.identities[slot]
+            self._cut = name
+        finally:
+            self._swap.release()
         os.kill(link.pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
@@ -312,22 +333,28 @@ class Stack:
 
     def _keep(self) -> None:
         """Starts a plain operator when a running one exits on its own: at its armed point (counted in ``fired``),
-        a leader fenced off the apiserver (in ``fenced``), or not (a crash, kept in ``exits``)."""
+        a leader fenced off the apiserver (in ``fenced``, with why: its cut, a box fault, or neither), or not (a
+        crash, kept in ``exits``). A start that fails is kept in ``exits`` too, and tried again."""
         while not self._closing.wait(0.5):
             with self._swap:
                 for slot, process in enumerate(self.operators):
                     code = process.proc.poll()
                     if code is None:
                         continue
+                    name = self.identities[slot]
                     if slot == 0 and self.armed and code == operator_faults.EXIT_CODE:
                         self.fired.append(self.armed)
                     elif self.replicas > 1 and FENCED in process.log():
-                        self.fenced.append(self.identities[slot])
+                        why = "cut" if name == self._cut else "box fault" if self._calm.locked() else "no fault"
+                        self.fenced.append(f"{name} ({why})")
                     else:
                         self.exits.append(f"the operator exited on its own with code {code}")
                     if slot == 0:
                         self.armed = ""
-                    self.operators[slot] = self._start_operator(slot=slot)
+                    try:
+                        self.operators[slot] = self._start_operator(slot=slot)
+                    except Exception as err:  # its link did not start: said, and tried again at the next look
+                        self.exits.append(f"the operator could not be started again: {err}")
 
     def component(self, name: str) -> Any:
         return next(c for c in self.box.plane.components if c.name == name)
