@@ -264,7 +264,13 @@ def test_a_gpu_job_stays_pending_as_unschedulable_and_is_not_failed(
         why = running and running["reason"] == "Unschedulable" and "nvidia.com/gpu" in running["message"]
         return running if why else None
 
-    wait_for("the job's status to name nvidia.com/gpu", said, 60, interval=1, seen=lambda: jobs.status(name))
+    def seen() -> Any:  # the status, and what the pods say: whether the operator missed a change of theirs
+        pods = jobs.core.list_namespaced_pod(namespace, label_selector=f"ddpjob.dev/job-name={name}").items
+        said_by_pods = {p.metadata.name: [(c.type, c.reason, (c.message or "")[:120])
+                                          for c in p.status.conditions or []] for p in pods}  # fmt: skip
+        return {"status": jobs.status(name), "pods": said_by_pods}
+
+    wait_for("the job's status to name nvidia.com/gpu", said, 60, interval=1, seen=seen)
     for _ in range(5):  # and keeps them
         time.sleep(1)
         assert "nvidia.com/gpu" in (jobs.condition(name, "Running") or {}).get("message", ""), jobs.status(name)
