@@ -46,10 +46,9 @@ class NodeWatch(ListWatch):
         self._changed = changed
         self._taints = tuple(unhealthy_taints)
         self._exclusion = exclusion_seconds
-        self._verdicts: dict[str, tuple[str, str]] = {}
-        """Each known node's (why lost, why sick); a node deleted is lost until its name is seen again."""
-        self._repelling: dict[str, tuple[Mapping[str, str], ...]] = {}
-        """Each sick node's taints that keep pods off it."""
+        self._verdicts: dict[str, tuple[str, str, tuple[Mapping[str, str], ...]]] = {}
+        """Each known node's (why lost, why sick, its taints that keep pods off it when sick); a node deleted is lost
+        until its name is seen again."""
         self._health = NodeHealth(exclusion_seconds=exclusion_seconds)
         self._labels: dict[str, Mapping[str, str]] = {}
         """Each node's labels, copied anew when one changes (read without the lock)."""
@@ -75,23 +74,21 @@ class NodeWatch(ListWatch):
         self._take(_name(obj), None if kind == "DELETED" else obj)
 
     def _take(self, name: str, node: Mapping[str, Any] | None) -> None:
-        verdict = node_loss.read(node, self._taints)
-        repels = node_loss.repelling(node, self._taints) if verdict[1] else ()
+        lost, sick = node_loss.read(node, self._taints)
+        verdict = (lost, sick, node_loss.repelling(node, self._taints) if sick else ())
         labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
         with self._lock:
             if node is None and name in self._labels:
                 self._labels = {n: v for n, v in self._labels.items() if n != name}
             elif node is not None and self._labels.get(name) != labels:
                 self._labels = {**self._labels, name: labels}
-            if self._verdicts.get(name, ("", "")) == verdict and name in self._verdicts and (
-                    self._repelling.get(name, ()) == repels):  # fmt: skip
+            if self._verdicts.get(name) == verdict:
                 return
             self._verdicts[name] = verdict
-            self._repelling = {n: t for n, t in {**self._repelling, name: repels}.items() if t}
             self._health = NodeHealth(
                 lost={n: v[0] for n, v in self._verdicts.items() if v[0]},
                 sick={n: v[1] for n, v in self._verdicts.items() if v[1] and not v[0]},
-                repelling=self._repelling,
+                repelling={n: v[2] for n, v in self._verdicts.items() if v[2]},
                 exclusion_seconds=self._exclusion,
             )
         self._changed(name)
