@@ -217,26 +217,16 @@ class Stack:
     def _linked_kubeconfig(self, slot: int) -> Path:
         """The admin kubeconfig, through a forwarder of the slot's own that ``cut_leader`` can stop (as a node's
         kubelet link: its requests then hang, as across a cut cable)."""
-        import socket
-
         import yaml
 
-        from ddpjob_box.ports import free_port
-        from ddpjob_box.processes import Component
-
-        def listening(port: int) -> bool:
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", port)) == 0
+        from ddpjob_box.kubenode.node import start_link
 
         link = self._links.get(slot)
         if link is None or not link.alive():
-            port = free_port()
-            link = Component.box_module("operator-link", "ddpjob_box.kubenode.apiproxy",
-                                        ["127.0.0.1", str(port), str(self.box.plane.apiserver_port)],
-                                        self.workdir / f"operator-link-{slot}.log")  # fmt: skip
-            link.start()
-            wait("the operator's link to listen", lambda: listening(port), 20)
-            self._links[slot], self._link_ports[slot] = link, port
+            log_path = self.workdir / f"operator-link-{slot}.log"
+            self._links[slot], self._link_ports[slot] = start_link(
+                "operator-link", "the operator's", self.box.plane.apiserver_port, log_path
+            )
         config = yaml.safe_load(self.box.plane.kubeconfig.read_text())
         for cluster in config["clusters"]:
             cluster["cluster"]["server"] = f"https://127.0.0.1:{self._link_ports[slot]}"

@@ -276,16 +276,9 @@ class KubeletNode:
 
     def _start_kubelet_link(self) -> str:
         """The kubelet's own way to the apiserver (``cuttable``): a forwarder on loopback; its address."""
-        port = free_port()
         assert self.plane.apiserver_port is not None
-        self.kubelet_link = Component.box_module(
-            "kubelet-link",
-            "ddpjob_box.kubenode.apiproxy",
-            ["127.0.0.1", str(port), str(self.plane.apiserver_port)],
-            self.plane.logs_dir / f"kubelet-link-{self.name}.log",
-        )
-        self.kubelet_link.start()
-        wait_until(f"node {self.name}'s link to the apiserver", lambda: _listening(port), 20, watch=[self.kubelet_link])
+        log_path = self.plane.logs_dir / f"kubelet-link-{self.name}.log"
+        self.kubelet_link, port = start_link("kubelet-link", f"node {self.name}'s", self.plane.apiserver_port, log_path)
         return f"https://127.0.0.1:{port}"
 
     def cut_network(self) -> None:
@@ -589,6 +582,18 @@ def claim_service_rules(directory: Path) -> IO[str]:
     lock.write(f"pid {os.getpid()}, node directory {directory}\n")
     lock.flush()
     return lock
+
+
+def start_link(name: str, whose: str, apiserver_port: int, log_path: Path) -> tuple[Component, int]:
+    """A way of its own to the apiserver on loopback (``apiproxy``), which stopping (SIGSTOP) cuts as a cable would:
+    the forwarder ``name``, started and listening, and its port. ``whose`` names its owner in a timeout."""
+    port = free_port()
+    link = Component.box_module(
+        name, "ddpjob_box.kubenode.apiproxy", ["127.0.0.1", str(port), str(apiserver_port)], log_path
+    )
+    link.start()
+    wait_until(f"{whose} link to the apiserver", lambda: _listening(port), 20, watch=[link])
+    return link, port
 
 
 def _listening(port: int) -> bool:
