@@ -235,10 +235,12 @@ class RankProgress:
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler:
-    """A rank seen above the others' median since ``since``; flagged once that lasts the window."""
+    """A rank seen above the others' median since ``since``; flagged once that lasts the window, and cleared once
+    it has stayed back within the factor for the window (since ``recovering``)."""
 
     rank: int
     since: datetime
+    recovering: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,6 +302,8 @@ class ProgressStatus:
             out["ranks"] = [r.to_dict() for r in self.ranks]
         if self.straggler:
             out["straggler"] = {"rank": self.straggler.rank, "since": from_time(self.straggler.since)}
+            if self.straggler.recovering:
+                out["straggler"]["recoveringSince"] = from_time(self.straggler.recovering)
         if self.silent:
             out["silentRanks"] = list(self.silent)
         if self.note:
@@ -333,7 +337,11 @@ class ProgressStatus:
             restarts_in_place=_int(raw.get("restartsInPlace")) or 0,
             ranks=tuple(RankProgress.parse(r) for r in raw.get("ranks") or [] if isinstance(r, Mapping)),
             straggler=(
-                Straggler(rank=_int(straggler.get("rank")) or 0, since=since)
+                Straggler(
+                    rank=_int(straggler.get("rank")) or 0,
+                    since=since,
+                    recovering=to_time(straggler.get("recoveringSince")),
+                )
                 if isinstance(straggler, Mapping) and since
                 else None
             ),

@@ -147,7 +147,13 @@ def fold(job: Job, old: ProgressStatus, scrapes: Sequence[Scrape]) -> Fold | Non
         last_progress_time=summary.at if advanced else old.last_progress_time,
         observed_time=summary.at,
         ranks=kept,
-        straggler=straggler.track(old.straggler, candidate[0] if candidate else None, known=known, now=summary.at),
+        straggler=straggler.track(
+            old.straggler,
+            candidate[0] if candidate else None,
+            known=known,
+            now=summary.at,
+            window_seconds=spec.straggler.window_seconds,
+        ),
     )
     return Fold(progress=new, summary=summary, candidate=candidate, known=known, previous=old.straggler)
 

@@ -1,4 +1,5 @@
-"""spec.straggler: a candidate is remembered with the time it was first seen; flagged after the window."""
+"""spec.straggler: a candidate is remembered with the time it was first seen; flagged after the window, and
+cleared once it has been back within the factor for the window too."""
 
 from __future__ import annotations
 
@@ -18,8 +19,23 @@ LATER = T0 + timedelta(seconds=30)
     [
         (None, 1, True, Straggler(rank=1, since=LATER)),  # first seen now
         (Straggler(rank=1, since=T0), 1, True, Straggler(rank=1, since=T0)),  # still the same: keeps its start
-        (Straggler(rank=1, since=T0), 0, True, Straggler(rank=0, since=LATER)),  # another rank: starts over
-        (Straggler(rank=1, since=T0), None, True, None),  # recovered
+        (Straggler(rank=1, since=T0 + timedelta(seconds=1)), 0, True, Straggler(rank=0, since=LATER)),  # starts over
+        (Straggler(rank=1, since=T0 + timedelta(seconds=1)), None, True, None),  # back before it was flagged
+        (Straggler(rank=1, since=T0), None, True, Straggler(rank=1, since=T0, recovering=LATER)),  # flagged: stays
+        (Straggler(rank=1, since=T0, recovering=T0), None, True, None),  # back for the window: recovered
+        (
+            Straggler(rank=1, since=T0, recovering=T0 + timedelta(seconds=1)),
+            0,
+            True,
+            Straggler(rank=1, since=T0, recovering=T0 + timedelta(seconds=1)),
+        ),  # another rank: still recovering
+        (Straggler(rank=1, since=T0, recovering=T0), 0, True, Straggler(rank=0, since=LATER)),  # then starts over
+        (
+            Straggler(rank=1, since=T0, recovering=T0 + timedelta(seconds=1)),
+            1,
+            True,
+            Straggler(rank=1, since=T0),
+        ),  # slow again before the window passed: stays flagged from its start
         (Straggler(rank=1, since=T0), None, False, Straggler(rank=1, since=T0)),  # a poll that could not tell
         (None, None, True, None),
     ],
@@ -27,7 +43,7 @@ LATER = T0 + timedelta(seconds=30)
 def test_a_candidate_is_tracked_from_when_it_was_first_seen(
     old: Straggler | None, candidate: int | None, known: bool, expected: Straggler | None
 ) -> None:
-    assert track(old, candidate, known=known, now=LATER) == expected
+    assert track(old, candidate, known=known, now=LATER, window_seconds=30) == expected
 
 
 @pytest.mark.parametrize(
