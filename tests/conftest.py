@@ -109,23 +109,25 @@ def start_session_node(cluster: Cluster, *, proxy: bool) -> KubeletNode:
         pytest.fail(f"the box's node did not start: {err}", pytrace=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def host_alone_module(request: pytest.FixtureRequest) -> Iterator[None]:
-    """No other worker's node runs beside a module of ``kubelet`` tests (tests/workers.py)."""
-    with (
-        workers.host_lock(request.config, exclusive=True)
-        if workers.compares_host(request.node)
-        else contextlib.nullcontext()
-    ):
-        yield
+_HOST_ALONE: list[contextlib.ExitStack] = []
+"""The exclusive host lock, while this worker runs its ``kubelet`` tests (tests/workers.py)."""
 
 
-@pytest.fixture(autouse=True)
-def host_alone(request: pytest.FixtureRequest) -> Iterator[None]:
-    """...nor beside a ``kubelet`` test in a module of others."""
-    alone = workers.compares_host(request.node) and not workers.compares_host(request.node.getparent(pytest.Module))
-    with workers.host_lock(request.config, exclusive=True) if alone else contextlib.nullcontext():
-        yield
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``kubelet`` test takes the host for itself before its fixtures (its own nodes) start, and keeps it until
+    the last of the ``kubelet`` tests that follow it: no other worker's node starts between two of them."""
+    if workers.compares_host(item) and not _HOST_ALONE:
+        alone = contextlib.ExitStack()
+        alone.enter_context(workers.host_lock(item.config, exclusive=True))
+        _HOST_ALONE.append(alone)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """...and lets it go once its fixtures (its nodes) are gone, unless the next test is one too."""
+    if _HOST_ALONE and not workers.compares_host(nextitem):
+        _HOST_ALONE.pop().close()
 
 
 @pytest.fixture(scope="session")
@@ -193,7 +195,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not workers.split(config):
         items.sort(key=workers.start_order)
         return
-    rank = {workers.E2E: 0, workers.BOX: 1, None: 2}
+    rank = {workers.E2E: 0, workers.BOX: 1, workers.FAULTS: 2, None: 3}
     items.sort(key=lambda item: (rank[workers.box_group(item)], *workers.start_order(item)))
     workers.write_groups(items)
 

@@ -1,24 +1,25 @@
 """How ``make test``'s pytest-xdist workers share one host (``-n 3``).
 
-Most of the suite waits on a box, so it runs as two box groups side by side, each on a worker with a box of its own,
-while a third worker takes the tests that need no box:
+Most of the suite waits on a box, so it runs as three box groups side by side, each on a worker with a box of its
+own; the tests that need no box go to whichever worker is free once its group is done:
 
 - ``e2e``: the tests that compare the host before and after a node (``kubelet``-marked), then the e2e tests on
   the box's node, the placement tests (gang scheduling and preemption) among them. None of those uses a ClusterIP
   Service, so that node runs without kube-proxy: a host takes one kube-proxy at a time (its Service rules are
-  host-wide), and the other group needs it.
-- ``box``: the tests that need only the control plane (no node may run there yet: it would run the pods those
-  tests drive by hand), then those that need a node with kube-proxy (the chart's operator pod, the images) and
-  the e2e tests in ``BALANCE`` (they need no kube-proxy; here they even out the two groups' times), then the
-  Kueue tests, whose own box stops that node first. The control plane's tests come first here on purpose: while
-  they run, no node of this group runs, and that is the window the e2e group's ``kubelet`` tests need (below).
-  As a third group on the third worker, they left no window, and those tests waited 13 minutes for this group's
-  node, until its Kueue tests stopped it.
+  host-wide), and the box group needs it.
+- ``box``: a few tests that need only the control plane (``CONTROL_PLANE_FIRST``: while they run, no node of this
+  group runs, the window the ``kubelet`` tests need, below), then those that need a node with kube-proxy (the
+  chart's operator pod, the images), then the Kueue tests, whose own box (4 nodes with kube-proxy) stops that node
+  first.
+- ``faults``: the other control-plane tests (tests/cluster/: the operator against restarts, compactions, deleted
+  namespaces), then the node tests (tests/e2e/test_nodes.py, 3 nodes without kube-proxy) and the short chaos soak:
+  the suite's longest waits on cut nodes and restarted components, on a box of their own.
 
-A node of one group changes the host (iptables chains, network namespaces, CNI files) while the other group's
-``kubelet`` tests check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` and
-every session node holds it shared: a node waits for them, and they wait for the nodes. Without xdist, or with
-fewer than two workers, the suite runs in one process in the order ``tests/conftest.py`` gives, with no lock.
+A node of one group changes the host (iptables chains, network namespaces, CNI files) while the ``kubelet`` tests
+check that the host is as they found it, so those tests hold ``host_lock(exclusive=True)`` from the first of them
+to the last (they run first in their group, one after the other: ``tests/conftest.py``'s ``pytest_runtest_setup``)
+and every session node holds it shared: a node waits for them, and they wait for the nodes. Without xdist, or
+with fewer than two workers, the suite runs in one process in the order ``tests/conftest.py`` gives, with no lock.
 
 Each group is one unit of work for xdist's scope scheduler (``GroupScheduling``): the workers write which group
 each test is in when they collect, as only they see the tests' markers and fixtures, and the controlling
@@ -37,27 +38,25 @@ from typing import Any
 
 import pytest
 
-E2E, BOX = "e2e", "box"
-BALANCE = (
-    "tests/e2e/test_goodput.py",
-    "tests/e2e/test_ddpjob_e2e.py::test_a_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint",
-    "tests/e2e/test_ddpjob_e2e.py::test_a_hung_rank_is_restarted_within_the_collective_timeout_plus_30s",
-    "tests/e2e/test_ddpjob_e2e.py::test_a_rank_over_its_memory_limit_is_oom_killed_retried_under_exit_code_and_then_failed_naming_it",
+E2E, BOX, FAULTS = "e2e", "box", "faults"
+CONTROL_PLANE_FIRST = (
+    "tests/box/test_control_plane.py",
+    "tests/cluster/test_lifecycle.py",
+    "tests/cluster/test_progress.py",
 )
-"""E2E tests that run in the box group. Measured 2026-11-27 (acafe37, a fresh clone's warm ``make test``): the e2e
-group's tests took 1167 s with every e2e test in it, the box group's 1051 s; the goodput tests took 50 s of the e2e
-group's. (Until then the placement tests ran in the box group, and it was the longer one by about 4 minutes.) At
-9f8e424, with the goodput tests in the box group: e2e 1160 s, box 1065 s; the hung-rank test takes 48 s. At 78001da,
-with it: e2e 1144 s, box 1085 s; the OOM test takes 26 s. On 2026-11-28 the node tests (tests/e2e/test_nodes.py,
-about 11 minutes) joined the e2e group. The progress tests, moved here to even that out, failed here: the straggler
-test read a step below the one its slowdown ended at (121 < 150) once the flag had cleared; they stay there. On
-2026-11-29 (f60a65f, 48 min with other work beside it) the e2e group's tests took about 2,800 s, the box group's
-about 2,400 s: the killed-rank resume test (159 s) moved here."""
-BOX_GROUPS = (E2E, BOX)
-NODES = {E2E: 3, BOX: 4}
-"""The nodes each box group runs at most at once: the e2e group's node tests (tests/e2e/test_nodes.py) add two to
-its node, and the box group's Kueue box has 4 (2 racks, tests/kueue/test_topology.py). The setup fills a node
-store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
+"""The box group's control-plane tests (about 130 s), which it runs before its node starts: the ``kubelet`` tests
+(about 120 s) hold the host then. The other tests of tests/cluster/ run in the faults group, before its nodes."""
+FAULTS_TESTS = ("tests/e2e/test_nodes.py", "tests/e2e/test_chaos.py", "tests/cluster/")
+"""Measured 2026-11-29 (cc2d194, the suite's test times summed per group from a warm ``make test``'s JUnit report):
+with two box groups, e2e 1326 s (the node tests 369 s and the chaos set 220 s among them) and box 1344 s (Kueue 784
+s, the chart and images 156 s, the control plane 250 s, and 161 s of e2e tests moved there to even the two out), the
+third worker 434 s of box-less tests, then idle: the run took 22 min 37 s. The faults group takes the node tests, the
+chaos set and most control-plane tests off the two, and the e2e tests go back to the e2e group."""
+BOX_GROUPS = (E2E, BOX, FAULTS)
+NODES = {E2E: 2, BOX: 4, FAULTS: 3}
+"""The nodes each box group runs at most at once: the e2e group's two-node ``kubelet`` test, the box group's Kueue
+box (4 nodes in 2 racks, tests/kueue/test_topology.py), the faults group's node tests (3 nodes). The setup fills a
+node store for each (``prepare.NODES_SIDE_BY_SIDE``)."""
 RUN_ENV = "DDPJOB_TEST_RUN"
 """Set by the controlling pytest process: the lock file its workers share."""
 
@@ -81,13 +80,14 @@ def compares_host(node: pytest.Item | pytest.Collector | None) -> bool:
 def box_group(item: pytest.Item) -> str | None:
     """The box group a test runs in, or None for a test that needs no box of the session's."""
     fixtures = set(getattr(item, "fixturenames", ()))
+    needs_box = "node" in fixtures or in_kueue(item) or bool(fixtures & {"cluster", "api_client"})
     if compares_host(item):
         return E2E
-    if "node" in fixtures and item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(BALANCE):
+    if needs_box and item.nodeid.startswith(FAULTS_TESTS) and not item.nodeid.startswith(CONTROL_PLANE_FIRST):
+        return FAULTS
+    if "node" in fixtures and item.nodeid.startswith("tests/e2e/"):
         return E2E
-    if "node" in fixtures or in_kueue(item) or fixtures & {"cluster", "api_client"}:
-        return BOX
-    return None
+    return BOX if needs_box else None
 
 
 def start_order(item: pytest.Item) -> tuple[bool, bool]:

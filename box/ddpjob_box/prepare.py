@@ -26,10 +26,10 @@ PURPOSES = ("setup", "test", "demo", "tools")
 DEMO_EXTRAS = "operator"
 """The venv's extras for the demo: it runs the box and the chart (its images hold the operator and the trainer), so
 the host needs neither torch nor the test tools; ``make test`` adds them (the Makefile's ``VENV_EXTRAS``)."""
-NODES_SIDE_BY_SIDE = {"setup": 7, "test": 7, "demo": 1}
-"""The nodes each command runs at once (``make test``: the box group's Kueue box of 4 and the e2e group's three,
-whose node tests add two, tests/workers.py), each on a node store of its own, which the setup fills with the images
-beside the Go builds (kubenode.store_fill: the first imports them, the others link to its files)."""
+NODES_SIDE_BY_SIDE = {"setup": 9, "test": 9, "demo": 1}
+"""The nodes each command runs at once (``make test``: its three box groups' 2, 4 and 3, tests/workers.py), each on a
+node store of its own, which the setup fills with the images beside the Go builds (kubenode.store_fill: the first
+imports them, the others link to its files)."""
 
 
 def steps_for(purpose: str, *, python: str, make: str = "make") -> list[Step]:

@@ -1,5 +1,6 @@
-"""Issue 43 on real nodes, in ``make test``: the e2e group's box grows to 3 nodes for this module (the session's node
-and two more, each its own kubelet, containerd, cgroup root, bridge and /24), and shrinks back after it.
+"""Issue 43 on real nodes, in ``make test``: the faults group's box (tests/workers.py) grows to 3 nodes for this
+module (the session's node and two more, each its own kubelet, containerd, cgroup root, bridge and /24), and shrinks
+back after it.
 
 - A 3-rank job, one rank per node, checkpoints to one ReadWriteMany claim, loses a rank's pod, resumes from the
   claim on the next attempt and Succeeds.

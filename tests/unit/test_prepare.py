@@ -55,7 +55,7 @@ def test_the_setup_fills_a_node_store_for_each_node_its_command_runs_at_once() -
         step = next(s for s in steps_for(purpose, python="python3") if s.name == "node stores")
         return str(step.argv[step.argv.index("--stores") + 1])
 
-    assert (stores("demo"), stores("test"), stores("setup")) == ("1", "7", "7")
+    assert (stores("demo"), stores("test"), stores("setup")) == ("1", "9", "9")
     assert NODES_SIDE_BY_SIDE["test"] == sum(workers.NODES.values()), "make test's box groups' nodes, all at once"
 
 

@@ -24,8 +24,8 @@ from typing import IO
 from ddpjob_box.errors import BoxError
 from ddpjob_box.toolchain import cache_dir
 
-SLOTS = 7
-"""The most nodes a host runs at once: make test's e2e group (3) beside its Kueue box (4 real nodes)."""
+SLOTS = 9
+"""The most nodes a host runs at once: make test's three box groups (tests/workers.py: 2, 4 and 3)."""
 IN_USE = ".in-use"
 # Per-sandbox and per-container files of the CRI plugin: state of the node that used the store, not images.
 CRI_STATE = ("io.containerd.grpc.v1.cri/sandboxes", "io.containerd.grpc.v1.cri/containers")
