@@ -60,3 +60,11 @@ def soonest(*values: float | None) -> float | None:
     """The smallest of the waits given (None: no wait)."""
     present = [v for v in values if v is not None]
     return min(present) if present else None
+
+
+def next_look(plan: Plan) -> float | None:
+    """Seconds until the job is reconciled again once ``plan`` is carried out (None: only on events). At once after
+    making pods or adopting them: the pod cache holds our writes' answers already, so the watch's echo of them wakes
+    nothing, and the next plan has work left (the status of pods just made; the ranks to make beside pods just
+    adopted). Otherwise as the plan says."""
+    return 0.0 if plan.create_ranks or plan.adopt_pods else plan.requeue_after

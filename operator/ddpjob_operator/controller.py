@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ddpjob_contract import faults
 from ddpjob_contract.status import ConditionType, Phase, Reason
-from ddpjob_operator import builders, metrics, queueing, write_pace
+from ddpjob_operator import actions, builders, metrics, queueing, write_pace
 from ddpjob_operator.actions import Plan
 from ddpjob_operator.api import InPlaceRestart, Job, Key, SpecError, parse_job
 from ddpjob_operator.events import Event, event_body
@@ -446,9 +446,7 @@ class Controller:
         if the_plan.delete_job:
             self._api.delete_job(job.namespace, job.name, job.uid)
             return None
-        if the_plan.create_ranks:
-            return 0.0  # look again at once: with the pods now there, the status says the attempt launched
-        return the_plan.requeue_after
+        return actions.next_look(the_plan)
 
     def _delete_and_adopt_pods(self, key: Key, job: Job, the_plan: Plan) -> None:
         """The plan's pods deleted, those on a lost node first and at once; then those restarted in place by their

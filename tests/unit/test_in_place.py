@@ -11,7 +11,7 @@ import pytest
 
 from ddpjob_contract.pods import ANNOTATION_RESTART_COUNT, LABEL_ATTEMPT
 from ddpjob_contract.status import Phase
-from ddpjob_operator import builders
+from ddpjob_operator import actions, builders
 from ddpjob_operator.policies import in_place
 from ddpjob_operator.progress import RankSample
 from ddpjob_operator.status import MachineFault, pod_view
@@ -324,3 +324,15 @@ def test_an_uncounted_restart_after_an_in_place_one_still_sees_a_machine_fault_t
     c.step()
     assert c.condition("Restarting")[:2] == (True, "NodeUnhealthy") and c.status.restarts == 1
     assert [e.name for e in c.status.excluded_nodes] == ["node-1"]
+
+
+def test_a_reconcile_that_adopts_pods_looks_again_at_once_for_the_ranks_left_to_make() -> None:
+    """The adopting patch's answer goes into the pod cache, so the watch's echo of it wakes nothing: the plan that
+    makes the ranks beside the adopted one must come from a look at once (the DNS test stalled 300 s without it)."""
+    c = in_place_cluster(2)
+    c.set(1, exit_code=137, next_count=1)
+    p = c.step()
+    assert [x.name for x in p.adopt_pods] == ["train-1"] and p.create_ranks == ()
+    assert actions.next_look(p) == 0.0
+    waiting = replace(p, adopt_pods=())
+    assert actions.next_look(waiting) == waiting.requeue_after and waiting.requeue_after, "rank 0's time to exit"
