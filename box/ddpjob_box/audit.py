@@ -48,14 +48,24 @@ REQUESTS_POLICY = POLICY.replace(
 in POLICY, whoever asks."""
 
 
-def apiserver_flags(directory: Path, *, requests: bool = False) -> list[str]:
-    """The kube-apiserver flags that write the audit log under ``directory``, with its policy file (``requests``:
-    REQUESTS_POLICY)."""
+def policy(*, requests: bool = False, accounts: tuple[str, ...] = ()) -> str:
+    """POLICY, or REQUESTS_POLICY with ``requests``; ``accounts`` (service accounts, ``namespace:name``) have every
+    request audited too, as the other clients do: an operator run from its chart (``bench.leader_cut``)."""
+    text = REQUESTS_POLICY if requests else POLICY
+    if not accounts:
+        return text
+    users = ", ".join(f"system:serviceaccount:{account}" for account in accounts)
+    first_none = text.index("- level: None")
+    return f"{text[:first_none]}- level: Metadata\n  users: [{users}]\n{text[first_none:]}"
+
+
+def apiserver_flags(directory: Path, *, requests: bool = False, accounts: tuple[str, ...] = ()) -> list[str]:
+    """The kube-apiserver flags that write the audit log under ``directory``, with its policy file (``policy``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    policy = directory / "audit-policy.yaml"
-    policy.write_text(REQUESTS_POLICY if requests else POLICY)
+    path = directory / "audit-policy.yaml"
+    path.write_text(policy(requests=requests, accounts=accounts))
     return [
-        f"--audit-policy-file={policy}",
+        f"--audit-policy-file={path}",
         f"--audit-log-path={log_path(directory)}",
         "--audit-log-format=json",
         "--audit-log-maxsize=200",

@@ -59,6 +59,8 @@ class Box:
     reset: bool = False
     # the apiserver audits every request of the clients outside the control plane (ddpjob_box.audit), for benchmarks
     audit_requests: bool = False
+    # service accounts (namespace:name) whose every request is audited too (an operator run from its chart)
+    audit_accounts: tuple[str, ...] = ()
     box_id: str = field(default_factory=lambda: secrets.token_hex(3))
     plane: ControlPlane | None = None
     node: KubeletNode | None = None
@@ -87,6 +89,7 @@ class Box:
             apiserver_port=self.apiserver_port,
             reset=self.reset,
             audit_requests=self.audit_requests,
+            audit_accounts=self.audit_accounts,
             extra_args={"kube-controller-manager": list(self.controller_manager_args)},
         )
         try:

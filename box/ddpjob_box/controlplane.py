@@ -146,6 +146,8 @@ class ControlPlane:
     """Serve the PodGroup API and schedule gangs (GenericWorkload); False: a cluster without them."""
     audit_requests: bool = False
     """Audit every request of the clients outside the control plane, not only removals (ddpjob_box.audit)."""
+    audit_accounts: tuple[str, ...] = ()
+    """Service accounts (``namespace:name``) whose every request is audited too (``audit.policy``)."""
     components: list[Component] = field(default_factory=list)
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
     etcd_url: str = ""
@@ -291,7 +293,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
-                *audit.apiserver_flags(self.logs_dir, requests=self.audit_requests),
+                *audit.apiserver_flags(self.logs_dir, requests=self.audit_requests, accounts=self.audit_accounts),
                 *self._gang_flags(),
                 f"--runtime-config={POD_GROUP_API}={str(self.pod_groups).lower()}",
             ],

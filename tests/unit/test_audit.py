@@ -98,3 +98,10 @@ def test_the_requests_policy_audits_every_other_client_once_and_still_every_remo
     assert "omitStages: [RequestReceived, ResponseStarted]" in policy
     assert policy.index("verbs: [delete, deletecollection]") < policy.index("userGroups: [system:serviceaccounts")
     assert policy.rstrip().endswith("- level: Metadata")
+
+
+def test_an_account_named_has_every_request_audited_before_the_service_accounts_are_left_out() -> None:
+    text = audit.policy(requests=True, accounts=("ddpjob-system:ddpjob",))
+    named = text.index("users: [system:serviceaccount:ddpjob-system:ddpjob]")
+    assert text.index("verbs: [delete, deletecollection]") < named < text.index("userGroups: [system:serviceaccounts")
+    assert audit.policy(requests=True) == audit.REQUESTS_POLICY and audit.policy() == audit.POLICY

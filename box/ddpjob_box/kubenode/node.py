@@ -87,8 +87,8 @@ class KubeletNode:
     with_proxy: bool = True
     # Another node's CoreDNS (its gateway) for the pods, where this node runs none: one CoreDNS for the whole box
     cluster_dns: str = ""
-    # The kubelet reaches the apiserver through a forwarder of its own, which ``cut_network`` stops: a partition
-    # between this node and the control plane, its pods still running and still reaching each other
+    # The kubelet reaches the apiserver through a forwarder of its own, which ``cut_network`` stops (and drops the
+    # pods' packets to the apiserver): a partition from the control plane, its pods still reaching each other
     cuttable: bool = False
     kubelet_link: Component | None = None
     coredns: Component | None = None
@@ -282,15 +282,28 @@ class KubeletNode:
         return f"https://127.0.0.1:{port}"
 
     def cut_network(self) -> None:
-        """A partition: the kubelet no longer reaches the apiserver (its link is stopped, so its requests hang as
-        across a cut cable); the pods keep running and keep reaching each other. ``heal_network`` ends it."""
+        """A partition between the node and the control plane: neither its kubelet nor its pods reach the apiserver
+        (the kubelet's link is stopped, and the pods' packets to the apiserver's port, where kubernetes.default.svc
+        leads, are dropped: requests hang as across a cut cable, connections already open included); the pods keep
+        running and keep reaching each other. ``heal_network`` ends it."""
         if self.kubelet_link is None or self.kubelet_link.pid is None:
             raise BoxError(f"node {self.name} was not started cuttable: its network cannot be cut")
         os.kill(self.kubelet_link.pid, signal.SIGSTOP)
+        if not _iptables("-C", *self._pods_cut()):
+            _iptables("-I", *self._pods_cut(), check=True)
 
     def heal_network(self) -> None:
         if self.kubelet_link is not None and self.kubelet_link.pid is not None:
             os.kill(self.kubelet_link.pid, signal.SIGCONT)
+        while self.cuttable and _iptables("-C", *self._pods_cut()):
+            _iptables("-D", *self._pods_cut(), check=True)
+
+    def _pods_cut(self) -> list[str]:
+        """The rule of a cut: the node's pods' packets to the apiserver's port dropped on their way into the host."""
+        return [
+            "INPUT", "-s", str(self.subnet), "-p", "tcp", "--dport", str(self.plane.apiserver_port),
+            "-m", "comment", "--comment", f"ddpjob-box: node {self.name} ({self.bridge}) cut", "-j", "DROP",
+        ]  # fmt: skip
 
     def power_cut(self) -> None:
         """The node loses power: its kubelet, containerd, every shim and every process of its pods SIGKILLed at once,
@@ -512,6 +525,14 @@ def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise BoxError(f"'ip {' '.join(args)}' failed: {proc.stderr.strip()}")
+
+
+def _iptables(*args: str, check: bool = False) -> bool:
+    """Whether ``iptables -w <args>`` succeeded; with ``check``, a BoxError saying why when it did not."""
+    proc = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise BoxError(f"'iptables {' '.join(args)}' failed: {proc.stderr.strip()}")
+    return proc.returncode == 0
 
 
 def _kubernetes_service_routed() -> bool:
