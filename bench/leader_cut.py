@@ -70,6 +70,10 @@ class Trial:
     """Seconds from the heal to the old replica Ready again as a standby (gauge 0)."""
     old_restarts: int
     """Its container's restarts during the trial (its exit once fenced)."""
+    old_exit: float
+    """Seconds from the cut to that exit (its container's last termination, in whole seconds)."""
+    last_renewal: float
+    """Seconds from its last write the apiserver received (a renewal) to the cut."""
 
 
 def lease(client: Api) -> dict[str, Any]:
@@ -155,6 +159,11 @@ def trial(box: Box, client: Api, n: int, cut_seconds: float) -> Trial:
     new = str(spec["holderIdentity"])
     assert client.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{new}")["spec"]["nodeName"] != node.name
     writes = writes_after(box_audit_log(box), user_agent(old), cut_at)
+    before = writes_after(box_audit_log(box), user_agent(old), cut_at - 2 * LEASE_SECONDS)
+    last = max(
+        (float(w.split("s ", 1)[0]) for w in before if float(w.split("s ", 1)[0]) < 2 * LEASE_SECONDS), default=0
+    )
+    ended = ((rejoined.get("status") or {}).get("containerStatuses") or [{}])[0].get("lastState", {}).get("terminated")
     late = [w for w in writes if float(w.split("s ", 1)[0]) > RENEW_DEADLINE]
     return Trial(
         cut_node=node.name,
@@ -167,6 +176,8 @@ def trial(box: Box, client: Api, n: int, cut_seconds: float) -> Trial:
         late_writes=tuple(late),
         rejoined=round(time.time() - healed, 1),
         old_restarts=restarts(rejoined) - restarts_before,
+        old_exit=round(datetime.fromisoformat(ended["finishedAt"]).timestamp() - cut_at, 1) if ended else -1.0,
+        last_renewal=round(2 * LEASE_SECONDS - last, 2),
     )
 
 
@@ -214,11 +225,12 @@ def main(argv: Sequence[str] | None = None) -> list[Trial]:
 
 def report(trials: Sequence[Trial], args: argparse.Namespace, wall: float) -> None:
     rows = [[t.cut_node, t.old_leader, f"{t.new_leader} ({t.new_leader_node})", f"{t.lease_taken:.1f} s",
-             f"{t.first_pod:.1f} s", len(t.old_writes), len(t.late_writes), t.old_restarts, f"{t.rejoined:.0f} s"]
+             f"{t.first_pod:.1f} s", f"{t.last_renewal:.1f} s", len(t.old_writes), len(t.late_writes),
+             f"{t.old_restarts} ({t.old_exit:.0f} s)", f"{t.rejoined:.0f} s"]
             for t in trials]  # fmt: skip
     headers = ["node cut", "its leader", "new leader (node)", "cut -> Lease taken", "cut -> new job's first pod",
-               "old leader's writes after the cut", "after its renew deadline", "its restarts",
-               "heal -> standby"]  # fmt: skip
+               "its last write before the cut", "its writes after the cut", "after its renew deadline",
+               "its restarts (cut -> exit)", "heal -> standby"]  # fmt: skip
     markdown = table(headers, rows)
     markdown += f"\n\ntarget: no write after the renew deadline ({RENEW_DEADLINE:.0f} s); Lease taken within the lease"
     markdown += f" ({LEASE_SECONDS:.0f} s) + the renew wait; {args.trials} trials, {args.cut_seconds:.0f} s cuts,"
