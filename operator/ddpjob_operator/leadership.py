@@ -10,7 +10,8 @@ that every write of the operator passes.
   clock). Another replica can take the Lease only a lease duration after it saw that renewal, which it saw after
   the renewal started: later than the deadline, whatever the clocks say. Past the deadline every write is refused
   (``Fenced``), checked as each request is issued, and the replica stops leading: the process exits, to start again
-  as a standby.
+  as a standby. It stops at the deadline even when its renewal hangs unanswered (a partition drops its packets, and
+  the request gives up only after its client's timeout and retries): a second thread watches the deadline.
 - On a clean shutdown the leader releases the Lease (``holderIdentity`` cleared, ``leaseDurationSeconds`` 1), so a
   standby takes over at its next try instead of after a lease duration.
 
@@ -177,7 +178,11 @@ class Elector:
         self._held: dict[str, Any] | None = None
         """The Lease as this replica last wrote it while leading."""
         self._stopped = threading.Event()
+        self._down = threading.Event()
+        """Set once this replica stopped leading at its deadline: it writes no Lease again (the process exits)."""
+        self._down_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._deadline = threading.Thread(target=self._watch_deadline, name="leader-deadline", daemon=True)
         self._started_leading: Callable[[], None] = lambda: None
 
     def leads(self) -> bool:
@@ -191,6 +196,7 @@ class Elector:
         self._started_leading = started_leading
         metrics.LEADER.set(0)
         self._thread.start()
+        self._deadline.start()
 
     def stop(self) -> None:
         """Stop trying (started or not); a leader releases the Lease, so a standby takes over at its next try. Its
@@ -213,7 +219,7 @@ class Elector:
         self._api.close()
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
+        while not self._stopped.is_set() and not self._down.is_set():
             started = self._clock()
             try:
                 renewed = self.try_acquire_or_renew(started)
@@ -228,12 +234,7 @@ class Elector:
                     log.info("%s leads (Lease %s/%s)", self.identity, self._namespace, self._name)
                     self._started_leading()
             elif self._leading and self._clock() >= self._valid_until:
-                self._leading = False
-                metrics.LEADER.set(0)
-                log.error("%s could not renew the leader Lease %s/%s within %gs: it stops writing, and exits to start "
-                          "again as a standby", self.identity, self._namespace, self._name,
-                          self._timing.renew_deadline)  # fmt: skip
-                self._lost()
+                self._step_down()
                 return
             # A standby looks twice per retry period (it sees a renewal within half of one, and its count of the
             # lease duration starts then), and at the moment the Lease it watches runs out.
@@ -241,9 +242,32 @@ class Elector:
             again = min(started + period, self._expires)
             self._stopped.wait(max(0.0, again - self._clock()))
 
+    def _watch_deadline(self) -> None:
+        """A leader whose renewal hangs past its deadline steps down then, not when the request gives up: looked at
+        ten times per retry period."""
+        while not self._stopped.wait(self._timing.retry_period / 10):
+            if self._leading and self._clock() >= self._valid_until:
+                self._step_down()
+                return
+
+    def _step_down(self) -> None:
+        """Once: no more leading, no more Lease writes, and the process told to exit (``lost``)."""
+        with self._down_lock:
+            if self._down.is_set():
+                return
+            self._down.set()
+        self._leading = False
+        metrics.LEADER.set(0)
+        log.error("%s could not renew the leader Lease %s/%s within %gs: it stops writing, and exits to start "
+                  "again as a standby", self.identity, self._namespace, self._name,
+                  self._timing.renew_deadline)  # fmt: skip
+        self._lost()
+
     def try_acquire_or_renew(self, now: float) -> bool:
         """One try: True when this replica holds the Lease after it (taken or renewed by a write just made)."""
         lease = self._api.get_lease(self._namespace, self._name)
+        if self._down.is_set():
+            return False  # stepped down while the GET hung: no write
         if lease is None:
             self._held = self._api.create_lease(self._record(None))
             return True
@@ -256,7 +280,7 @@ class Elector:
             self._expires = self._observed[2] + duration
             return False  # held, and renewed within its duration as this replica has seen it
         self._expires = float("inf")
-        if self._leading and self._clock() >= self._valid_until:
+        if self._down.is_set() or (self._leading and self._clock() >= self._valid_until):
             return False  # past its deadline (frozen since the GET, say): a leader that was fenced writes no renewal
         try:
             self._held = self._api.replace_lease(self._record(lease))

@@ -3,7 +3,9 @@ one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -100,3 +102,45 @@ def test_unsafe_durations_are_refused_in_one_line_naming_the_flags(capsys: pytes
     err = capsys.readouterr().err.strip()
     assert err == ("ddpjob operator: --leader-elect-lease-duration (10s) must exceed --leader-elect-renew-deadline "
                    "(10s), which must exceed --leader-elect-retry-period (2s)")  # fmt: skip
+
+
+class Partitioned(Leases):
+    """Leases whose every request hangs once ``cut`` is set (packets dropped), until ``healed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut, self.healed, self.hanging = threading.Event(), threading.Event(), threading.Event()
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.cut.is_set():
+            self.hanging.set()
+            self.healed.wait(30)
+        return super().get_lease(namespace, name)
+
+
+def test_a_leader_whose_renewal_hangs_steps_down_at_its_deadline_while_the_request_still_hangs() -> None:
+    leases, lost = Partitioned(), threading.Event()
+    leader = Elector(leases, "ops", "lease", "a", timing=Timing(3.0, 1.0, 0.2), lost=lost.set)
+    leader.start(lambda: None)
+    try:
+        assert _wait(leader.leads), "it took the Lease"
+        leases.cut.set()
+        assert leases.hanging.wait(10), "a renewal was sent into the cut"
+        assert lost.wait(10), "it stepped down"
+        assert not leases.healed.is_set() and not leader.leads(), "at its deadline, while its GET still hung"
+        written = leases.version
+        leases.healed.set()  # the GET answers: the Lease is still its own, unexpired to the apiserver
+        time.sleep(0.5)
+        assert leases.version == written, "no renewal after it stepped down"
+        with pytest.raises(Fenced):
+            leader.check()
+    finally:
+        leases.healed.set()
+        leader.stop()
+
+
+def _wait(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
