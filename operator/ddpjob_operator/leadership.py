@@ -202,7 +202,7 @@ class Elector:
         """Stop trying (started or not); a leader releases the Lease, so a standby takes over at its next try. Its
         client is closed."""
         self._stopped.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and not self._down.is_set():  # stepped down: its hung request writes nothing
             self._thread.join(timeout=self._timing.retry_period + 5.0)
         releasing = self._held if self.leads() else None
         self._leading = False  # from here on, no write passes its fence
