@@ -226,6 +226,8 @@ class Elector:
             except KubeError as err:
                 log.debug("leader election: %s", err)
                 renewed, self._expires = False, float("inf")  # unanswered: try again at the retry period
+            if renewed and self._down.is_set():
+                return  # its renewal came back after the deadline watch stepped it down: it leads no more
             if renewed:
                 self._valid_until = started + self._timing.renew_deadline
                 if not self._leading:
